@@ -1,0 +1,112 @@
+"""The ``rexmle`` command.
+
+Each installed rexmle package contributes verbs through the ``rexmle.commands`` entry-point group: an entry point
+whose object is a :class:`typer.Typer` becomes a command group (``rexmle grade ...``); a plain function becomes a
+single command (``rexmle prepare ...``). Installing a package therefore adds its verbs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from importlib.metadata import distributions, entry_points
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from rexmle_grade.errors import RexmleError
+from rexmle_grade.settings import DATA_DIR_ENV
+
+ENTRY_POINT_GROUP = "rexmle.commands"
+_STATE: dict[str, Any] = {"verbose": False}
+err_console = Console(stderr=True)
+
+
+def make_app(**kwargs: Any) -> typer.Typer:
+    """A Typer app with rexmle's defaults (typer names close matches for an unknown sub-command)."""
+    kwargs.setdefault("no_args_is_help", True)
+    kwargs.setdefault("pretty_exceptions_enable", False)
+    return typer.Typer(**kwargs)
+
+
+app = make_app(help="rexmle: benchmark ML-engineering agents on real medical-imaging challenges.")
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logs.")] = False,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help=f"Data folder (default: ${DATA_DIR_ENV} or a user cache folder)."),
+    ] = None,
+) -> None:
+    _STATE["verbose"] = verbose
+    if data_dir is not None:
+        os.environ[DATA_DIR_ENV] = str(data_dir.expanduser().resolve())
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=verbose, rich_tracebacks=verbose)],
+        force=True,
+    )
+
+
+@app.command("version")
+def version_command() -> None:
+    """Print the versions of every installed rexmle package."""
+    rows = sorted(
+        (d.metadata["Name"], d.version)
+        for d in distributions()
+        if (d.metadata["Name"] or "").lower().startswith("rexmle")
+    )
+    seen: set[str] = set()
+    for name, ver in rows:
+        if name.lower() not in seen:
+            seen.add(name.lower())
+            typer.echo(f"{name} {ver}")
+
+
+def _load_plugins() -> None:
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin must not take the whole CLI down
+            err_console.print(f"[yellow]warning:[/] could not load rexmle command {ep.name!r} ({ep.value}): {exc}")
+            continue
+        if isinstance(obj, typer.Typer):
+            app.add_typer(obj, name=ep.name)
+        elif callable(obj):
+            app.command(ep.name)(obj)
+
+
+_load_plugins()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``rexmle`` command and return its exit code (usage errors exit 2, rexmle errors their own code)."""
+    try:
+        app(args=argv, prog_name="rexmle", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except RexmleError as exc:
+        if _STATE["verbose"]:
+            err_console.print(traceback.format_exc(), markup=False, highlight=False)
+        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        if exc.hint:
+            err_console.print(f"  [cyan]hint:[/] {exc.hint}", highlight=False)
+        return exc.exit_code
+    return 0
+
+
+def run() -> None:  # pragma: no cover - console-script shim
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Per-challenge graders; every module here registers its graders with ``register_grader``."""

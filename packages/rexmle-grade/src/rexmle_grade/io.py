@@ -1,0 +1,315 @@
+"""Safe reading of submission and answer files.
+
+Everything a grader reads from a submission goes through here, so that:
+
+* a path in a submission CSV can never point outside the submission folder (absolute paths, ``..`` parts and
+  symlinks that resolve elsewhere are rejected);
+* oversized, truncated or malformed files, decompression bombs and NaN/inf values become an
+  :class:`InvalidSubmissionError` with a message, never a crash or a huge allocation;
+* geometry (size, spacing, origin, direction) is read from the header before any voxel is decoded.
+
+Conventions: 3-D images are read with SimpleITK. :attr:`Volume.array` is SimpleITK's numpy view, axes ``(z, y, x)``;
+:attr:`Geometry.size` and :attr:`Geometry.spacing` are in SimpleITK order ``(x, y, z)``. 2-D images have
+``Geometry.size == (width, height)`` and arrays of shape ``(height, width)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from rexmle_grade.errors import InvalidSubmissionError
+
+MiB = 1024 * 1024
+MAX_CSV_BYTES = 64 * MiB
+MAX_JSON_BYTES = 64 * MiB
+MAX_FILE_BYTES = 2048 * MiB
+MAX_DECODED_BYTES = 4096 * MiB
+MAX_IMAGE_PIXELS_2D = 400_000_000
+
+VOLUME_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd", ".seg.nrrd")
+IMAGE_2D_SUFFIXES = (".png", ".tif", ".tiff", ".bmp", ".jpg", ".jpeg")
+
+
+def full_suffix(path: str | os.PathLike[str]) -> str:
+    """The suffix including double extensions rexmle cares about (``.nii.gz``, ``.seg.nrrd``), lower-case."""
+    name = Path(path).name.lower()
+    for double in (".nii.gz", ".seg.nrrd"):
+        if name.endswith(double):
+            return double
+    return Path(name).suffix
+
+
+def resolve_inside(base_dir: Path, relative: str, *, what: str = "path") -> Path:
+    """Resolve ``relative`` against ``base_dir`` and prove the result stays inside it (symlinks followed).
+
+    Raises :class:`InvalidSubmissionError` for empty, absolute, drive-letter or ``..`` paths, for paths that do not
+    exist, and for anything that resolves (through symlinks) outside ``base_dir``.
+    """
+    text = str(relative).strip()
+    if not text:
+        raise InvalidSubmissionError(f"{what} is empty")
+    if "\x00" in text:
+        raise InvalidSubmissionError(f"{what} {text!r} contains a NUL byte")
+    posix = PurePosixPath(text.replace("\\", "/"))
+    if posix.is_absolute() or (len(text) > 1 and text[1] == ":"):
+        raise InvalidSubmissionError(
+            f"{what} {text!r} is absolute; paths must be relative to the submission folder"
+        )
+    if ".." in posix.parts:
+        raise InvalidSubmissionError(f"{what} {text!r} contains '..'; paths must stay inside the submission folder")
+    base = base_dir.resolve()
+    candidate = base.joinpath(*posix.parts)
+    try:
+        resolved = candidate.resolve(strict=True)
+    except FileNotFoundError:
+        raise InvalidSubmissionError(f"{what} {text!r} does not exist in the submission folder") from None
+    except (OSError, RuntimeError) as exc:  # symlink loops and the like
+        raise InvalidSubmissionError(f"{what} {text!r} cannot be resolved: {exc}") from None
+    if not resolved.is_relative_to(base):
+        raise InvalidSubmissionError(f"{what} {text!r} resolves outside the submission folder (via a symlink)")
+    if not resolved.is_file():
+        raise InvalidSubmissionError(f"{what} {text!r} is not a regular file")
+    return resolved
+
+
+def check_file_size(path: Path, limit: int, *, what: str) -> int:
+    size = path.stat().st_size
+    if size > limit:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is {size / MiB:.1f} MiB; the limit is {limit / MiB:.0f} MiB")
+    if size == 0:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is empty (0 bytes)")
+    return size
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def read_json(path: Path, *, what: str = "JSON file", limit: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON file; NaN/Infinity literals, bad encodings and oversize files are invalid."""
+    check_file_size(path, limit, what=what)
+    try:
+        with path.open("rb") as fh:
+            return json.loads(fh.read().decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is not valid JSON: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Voxel grid of an image. 3-D: SimpleITK order (x, y, z). 2-D: size = (width, height), no spacing."""
+
+    size: tuple[int, ...]
+    spacing: tuple[float, ...] | None = None
+    origin: tuple[float, ...] | None = None
+    direction: tuple[float, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (list(v) if v is not None else None) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Geometry:
+        def tup(key: str, cast: type) -> tuple | None:
+            value = data.get(key)
+            return None if value is None else tuple(cast(v) for v in value)
+
+        size = tup("size", int)
+        if size is None:
+            raise ValueError("geometry needs a 'size'")
+        return cls(size=size, spacing=tup("spacing", float), origin=tup("origin", float),
+                   direction=tup("direction", float))
+
+    @property
+    def numpy_shape(self) -> tuple[int, ...]:
+        """Shape of the numpy array SimpleITK/PIL produce for this grid (axes reversed)."""
+        return tuple(reversed(self.size))
+
+    def mismatches(self, other: Geometry, *, spacing_tol: float = 1e-4, origin_tol: float = 1e-3,
+                   direction_tol: float = 1e-4) -> list[str]:
+        """Human-readable differences of ``other`` (what arrived) from ``self`` (what is expected)."""
+        problems: list[str] = []
+        if tuple(other.size) != tuple(self.size):
+            problems.append(f"size {list(other.size)} but the test image has size {list(self.size)}")
+            return problems
+        for name, tol in (("spacing", spacing_tol), ("origin", origin_tol), ("direction", direction_tol)):
+            want, got = getattr(self, name), getattr(other, name)
+            if want is None or got is None:
+                continue
+            if len(want) != len(got) or any(abs(a - b) > tol for a, b in zip(want, got, strict=True)):
+                shown = [round(v, 6) for v in got]
+                expected = [round(v, 6) for v in want]
+                problems.append(f"{name} {shown} but the test image has {name} {expected} (tolerance {tol})")
+        return problems
+
+
+@dataclass
+class Volume:
+    """A 3-D image: ``array`` axes (z, y, x); geometry in SimpleITK order."""
+
+    array: np.ndarray
+    geometry: Geometry
+
+    @property
+    def spacing_zyx(self) -> tuple[float, float, float]:
+        sx, sy, sz = self.geometry.spacing or (1.0, 1.0, 1.0)
+        return (sz, sy, sx)
+
+
+def _sitk():
+    import SimpleITK as sitk  # imported lazily: only 3-D graders need it
+
+    return sitk
+
+
+def read_volume_geometry(path: Path, *, what: str = "image") -> tuple[Geometry, str, int]:
+    """Header-only read: (geometry, pixel type name, components per pixel)."""
+    sitk = _sitk()
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
+    try:
+        reader.ReadImageInformation()
+    except RuntimeError as exc:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is not a readable 3-D image: {_first_line(exc)}") from None
+    dim = reader.GetDimension()
+    if dim != 3:
+        raise InvalidSubmissionError(f"{what} {path.name!r} has {dim} dimensions; a 3-D image is expected")
+    geometry = Geometry(
+        size=tuple(int(v) for v in reader.GetSize()),
+        spacing=tuple(float(v) for v in reader.GetSpacing()),
+        origin=tuple(float(v) for v in reader.GetOrigin()),
+        direction=tuple(float(v) for v in reader.GetDirection()),
+    )
+    pixel = sitk.GetPixelIDValueAsString(reader.GetPixelID())
+    return geometry, pixel, int(reader.GetNumberOfComponents())
+
+
+def read_volume(path: Path, *, what: str = "image", expected: Geometry | None = None,
+                integer: bool = False) -> Volume:
+    """Read a 3-D image safely.
+
+    The header is checked first (3-D, one component, decoded size under the limit, geometry equal to
+    ``expected``), then the voxels are decoded. ``integer=True`` requires an integer pixel type (label maps).
+    Non-finite voxels are rejected.
+    """
+    sitk = _sitk()
+    geometry, pixel, components = read_volume_geometry(path, what=what)
+    if components != 1:
+        raise InvalidSubmissionError(f"{what} {path.name!r} has {components} components per voxel; expected 1")
+    problems = expected.mismatches(geometry) if expected is not None else []
+    if problems:
+        raise InvalidSubmissionError([f"{what} {path.name!r}: {p}" for p in problems])
+    n_voxels = math.prod(geometry.size)
+    if n_voxels * 8 > MAX_DECODED_BYTES:
+        raise InvalidSubmissionError(f"{what} {path.name!r} declares {n_voxels} voxels, beyond the size limit")
+    if integer and "float" in pixel.lower():
+        raise InvalidSubmissionError(
+            f"{what} {path.name!r} stores {pixel} voxels; label maps must use an integer type (e.g. uint8)"
+        )
+    try:
+        image = sitk.ReadImage(str(path))
+    except RuntimeError as exc:
+        raise InvalidSubmissionError(f"{what} {path.name!r} cannot be decoded (truncated or corrupt?): "
+                                     f"{_first_line(exc)}") from None
+    array = sitk.GetArrayFromImage(image)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise InvalidSubmissionError(f"{what} {path.name!r} contains NaN or infinite values")
+    return Volume(array=array, geometry=geometry)
+
+
+def read_image_2d(path: Path, *, what: str = "image", expected_size: Sequence[int] | None = None,
+                  integer: bool = False, allow_channels: bool = False) -> np.ndarray:
+    """Read a 2-D image (TIFF via tifffile, others via Pillow) safely; returns (height, width[, channels])."""
+    suffix = full_suffix(path)
+    check_file_size(path, MAX_FILE_BYTES, what=what)
+    try:
+        if suffix in (".tif", ".tiff"):
+            import tifffile
+
+            with tifffile.TiffFile(path) as tif:
+                if not tif.pages:
+                    raise InvalidSubmissionError(f"{what} {path.name!r} holds no image")
+                shape = tuple(int(v) for v in tif.pages[0].shape)
+                _check_2d_shape(path, shape, what, allow_channels)
+                array = tif.pages[0].asarray()
+        else:
+            from PIL import Image
+
+            with Image.open(path) as img:
+                width, height = img.size
+                _check_2d_shape(path, (height, width), what, allow_channels)
+                img.load()
+                array = np.asarray(img)
+    except InvalidSubmissionError:
+        raise
+    except Exception as exc:  # decoder errors of any kind mean an unreadable file, never a grader bug
+        raise InvalidSubmissionError(f"{what} {path.name!r} cannot be read as an image: {_first_line(exc)}") from None
+    if array.ndim == 3 and not allow_channels:
+        raise InvalidSubmissionError(
+            f"{what} {path.name!r} has shape {list(array.shape)}; a single-channel 2-D image is expected"
+        )
+    if array.ndim not in (2, 3):
+        raise InvalidSubmissionError(f"{what} {path.name!r} has shape {list(array.shape)}; a 2-D image is expected")
+    if expected_size is not None:
+        width, height = expected_size
+        if array.shape[:2] != (height, width):
+            raise InvalidSubmissionError(
+                f"{what} {path.name!r} is {array.shape[1]}x{array.shape[0]} (width x height); "
+                f"the test image is {width}x{height}"
+            )
+    if integer and array.dtype.kind not in "iub":
+        raise InvalidSubmissionError(f"{what} {path.name!r} has {array.dtype} pixels; an integer type is expected")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise InvalidSubmissionError(f"{what} {path.name!r} contains NaN or infinite values")
+    return array
+
+
+def _check_2d_shape(path: Path, shape: tuple[int, ...], what: str, allow_channels: bool) -> None:
+    if len(shape) < 2:
+        raise InvalidSubmissionError(f"{what} {path.name!r} has shape {list(shape)}; a 2-D image is expected")
+    pixels = shape[0] * shape[1]
+    if pixels > MAX_IMAGE_PIXELS_2D:
+        raise InvalidSubmissionError(f"{what} {path.name!r} declares {pixels} pixels, beyond the size limit")
+    if len(shape) > 2 and not allow_channels and shape[-1] > 1:
+        raise InvalidSubmissionError(
+            f"{what} {path.name!r} has shape {list(shape)}; a single-channel 2-D image is expected"
+        )
+
+
+def check_labels(array: np.ndarray, allowed: Sequence[int] | frozenset[int], *, what: str, name: str) -> None:
+    """Reject label values outside ``allowed`` (listing the offending values)."""
+    present = np.unique(array)
+    bad = sorted(int(v) for v in present if int(v) not in allowed or v != int(v))
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
+        raise InvalidSubmissionError(
+            f"{what} {name!r} contains label values {shown}; allowed values are {sorted(allowed)}"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # ITK messages carry the useful sentence last
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+def write_volume(path: Path, array: np.ndarray, geometry: Geometry) -> None:
+    """Write a (z, y, x) array with the given geometry (format from the suffix); used by tasks and tests."""
+    sitk = _sitk()
+    image = sitk.GetImageFromArray(array)
+    if geometry.spacing is not None:
+        image.SetSpacing(geometry.spacing)
+    if geometry.origin is not None:
+        image.SetOrigin(geometry.origin)
+    if geometry.direction is not None:
+        image.SetDirection(geometry.direction)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sitk.WriteImage(image, str(path), useCompression=True)

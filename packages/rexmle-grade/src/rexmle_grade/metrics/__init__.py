@@ -1,0 +1,1 @@
+"""Metric functions: one vectorised definition each (numpy/scipy/SimpleITK, no torch)."""

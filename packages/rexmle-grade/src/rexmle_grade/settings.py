@@ -1,0 +1,49 @@
+"""Where rexmle keeps data: ``--data-dir`` / ``REXMLE_DATA_DIR`` / a per-user cache folder.
+
+Layout under the data folder, per task::
+
+    <data>/<task_id>/raw/       the download (or its synthetic mirror), untouched
+    <data>/<task_id>/public/    what an agent may see: train data, test inputs, sample submission, description
+    <data>/<task_id>/private/   test labels and answers: only graders read it
+
+Tasks that share one download (the six TopCoW tasks, say) share ``<data>/<group>-shared/raw``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+DATA_DIR_ENV = "REXMLE_DATA_DIR"
+
+
+def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    """The data folder: ``override`` if given, else ``$REXMLE_DATA_DIR``, else the user cache folder."""
+    if override is not None:
+        return Path(override).expanduser().resolve()
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path(platformdirs.user_cache_dir("rexmle")) / "data"
+
+
+@dataclass(frozen=True)
+class TaskDirs:
+    """The three folders of one task."""
+
+    root: Path
+    raw: Path
+    public: Path
+    private: Path
+
+    @classmethod
+    def for_task(
+        cls, task_id: str, *, raw_group: str | None = None, root: str | os.PathLike[str] | None = None
+    ) -> TaskDirs:
+        base = data_dir(root)
+        task_root = base / task_id
+        raw = base / f"{raw_group}-shared" / "raw" if raw_group else task_root / "raw"
+        return cls(root=task_root, raw=raw, public=task_root / "public", private=task_root / "private")

@@ -1,0 +1,29 @@
+"""Agent-facing task descriptions.
+
+``challenges/<id>/description.md`` is written by us and may use these placeholders, filled at prepare time:
+``{{submission_format}}`` (generated from the grader's schema, so description and grader never disagree),
+``{{metrics}}`` (the grader's metric table), ``{{conventions}}`` (the grader's documented conventions),
+``{{n_train}}``, ``{{n_test}}``. A template without ``{{submission_format}}`` gets the section appended.
+"""
+
+from __future__ import annotations
+
+from rexmle_grade.grader import TestManifest
+from rexmle_tasks.base import Task
+
+
+def render_description(task: Task, manifest: TestManifest, *, n_train: int) -> str:
+    grader = task.grader
+    fields = {
+        "submission_format": grader.schema.to_markdown(list(manifest.ids)),
+        "metrics": grader.describe_metrics_markdown(),
+        "conventions": "\n".join(f"- {c}" for c in grader.conventions) or "- none",
+        "n_train": str(n_train),
+        "n_test": str(len(manifest.ids)),
+    }
+    text = task.description_template
+    if "{{submission_format}}" not in text:
+        text += "\n\n## Submission format\n\n{{submission_format}}\n"
+    for key, value in fields.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text.rstrip() + "\n"

@@ -1,0 +1,1 @@
+"""Task families: code shared by the tasks of one competition (prepare + synthetic mirror)."""

@@ -1,0 +1,147 @@
+"""Task metadata: ``challenges/<id>/task.yaml``, validated on load."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rexmle_grade.errors import RexmleError
+
+TaskType = Literal[
+    "segmentation", "instance_segmentation", "detection", "classification", "regression", "enhancement"
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RemoteFile(_Strict):
+    """One file of a download. ``url`` is needed for plain-URL sources; Zenodo files are found by name."""
+
+    name: str
+    url: str | None = None
+    size: int | None = None
+    md5: str | None = None
+    sha256: str | None = None
+
+    @field_validator("md5")
+    @classmethod
+    def _md5(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) != 32 or any(c not in "0123456789abcdef" for c in v)):
+            raise ValueError("md5 must be 32 lower-case hex digits")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
+            raise ValueError("sha256 must be 64 lower-case hex digits")
+        return v
+
+
+class DataSource(_Strict):
+    """Where the raw data comes from.
+
+    kinds: ``zenodo`` (records API, ``record`` id; ``files`` empty = the whole record), ``figshare`` (article
+    download URL in ``url``), ``url`` (each file's ``url``), ``gdrive`` / ``manual`` (no automatic download:
+    ``instructions`` tell the user which file to place where).
+    """
+
+    kind: Literal["zenodo", "figshare", "url", "gdrive", "manual"]
+    record: str | None = None
+    url: str | None = None
+    files: tuple[RemoteFile, ...] = ()
+    instructions: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DataSource:
+        if self.kind == "zenodo" and not self.record:
+            raise ValueError("a zenodo source needs 'record'")
+        if self.kind == "figshare" and not self.url:
+            raise ValueError("a figshare source needs 'url'")
+        if self.kind == "url" and not all(f.url for f in self.files):
+            raise ValueError("every file of a url source needs 'url'")
+        if self.kind in ("gdrive", "manual") and not self.instructions:
+            raise ValueError(f"a {self.kind} source needs 'instructions' telling the user what to place where")
+        return self
+
+
+class CaseCounts(_Strict):
+    total: int = Field(ge=1)
+    train: int = Field(ge=1)
+    test: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _sum(self) -> CaseCounts:
+        if self.train + self.test != self.total:
+            raise ValueError(f"train ({self.train}) + test ({self.test}) != total ({self.total})")
+        return self
+
+
+class SplitSpec(_Strict):
+    """Deterministic train/test split (see :mod:`rexmle_tasks.splits`). Never copied into public/."""
+
+    seed: int
+    test_fraction: float = Field(gt=0, lt=1)
+    note: str = ""
+
+
+class LeaderboardInfo(_Strict):
+    """Provenance of the human leaderboard shipped with a task."""
+
+    file: str = "leaderboard.csv"
+    source_url: str  # the challenge's leaderboard page
+    via: str  # where our copy comes from (e.g. the ReX-MLE release file it was taken from)
+    retrieved: dt.date  # when it entered rexmle
+    phase: str
+    notes: str = ""
+
+
+class TaskMetadata(_Strict):
+    id: str
+    title: str
+    competition: str
+    year: int
+    url: str
+    licence: str
+    modality: str
+    dim: Literal["2d", "3d"]
+    task_type: TaskType
+    grader: str
+    family: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    raw_group: str | None = None
+    data_sources: tuple[DataSource, ...]
+    cases: CaseCounts
+    split: SplitSpec
+    leaderboard: LeaderboardInfo | None = None
+    synthetic_cases: int = Field(default=10, ge=4)
+    version: str
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not v or any(c not in "abcdefghijklmnopqrstuvwxyz0123456789-_" for c in v):
+            raise ValueError("task ids use lower-case letters, digits, '-' and '_'")
+        return v
+
+
+def load_metadata(path: Path) -> TaskMetadata:
+    """Load and validate a task.yaml; errors name the file and every bad field."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RexmleError(f"cannot read task metadata {path}: {exc}") from None
+    try:
+        meta = TaskMetadata.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise RexmleError(f"invalid task metadata {path}: {problems}") from None
+    if meta.id != path.parent.name:
+        raise RexmleError(f"task metadata {path} declares id {meta.id!r} but lives in folder {path.parent.name!r}")
+    return meta

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-step, pinned install of the rexmle workspace into .venv (or $REXMLE_VENV).
+#   bash tools/setup.sh           the four packages (no torch: baselines' heavy extras are opt-in)
+#   bash tools/setup.sh --dev     + test and lint tools
+#   bash tools/setup.sh --torch   + baselines' torch/MONAI/nnU-Net/timm/diffusers extras (several GB)
+# Every pip call goes through constraints.txt (PIP_CONSTRAINT), so nothing can silently swap torch.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${REXMLE_VENV:-$root/.venv}"
+dev=0; torch=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --torch) torch=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --dev and/or --torch)" >&2; exit 2 ;;
+  esac
+done
+python="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+export PIP_CONSTRAINT="$root/constraints.txt"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip=("$venv/bin/python" -m pip install --quiet)
+baselines="$root/packages/rexmle-baselines"
+[ "$torch" = 1 ] && baselines="$baselines[all]"
+"${pip[@]}" -e "$root/packages/rexmle-grade" -e "$root/packages/rexmle-tasks" \
+  -e "$root/packages/rexmle-agents" -e "$baselines"
+if [ "$dev" = 1 ]; then
+  "${pip[@]}" -e "$root[dev]"
+fi
+echo "rexmle installed in $venv ($("$venv/bin/rexmle" version | tr '\n' ' '))"
