@@ -6,6 +6,7 @@ import importlib.util
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rexmle_grade.cli import make_app
@@ -29,6 +30,6 @@ def list_command() -> None:
         table.add_column(col)
     for name, (module, extra, purpose) in BASELINE_FAMILIES.items():
         installed = importlib.util.find_spec(module) is not None
-        table.add_row(name, "yes" if installed else "no", f"pip install 'rexmle-baselines[{extra}]'", purpose)
+        table.add_row(name, "yes" if installed else "no", escape(f"pip install 'rexmle-baselines[{extra}]'"), purpose)
     Console().print(table)
     typer.echo("Baseline pipelines are planned (issue 8); this lists their dependency status.")

@@ -72,7 +72,12 @@ def version_command() -> None:
             typer.echo(f"{name} {ver}")
 
 
-def _load_plugins() -> None:
+def load_plugins() -> None:
+    """Add every installed package's verbs (once). Done on first use, not at import, so that a plugin module may
+    itself import this module."""
+    if _STATE.get("plugins_loaded"):
+        return
+    _STATE["plugins_loaded"] = True
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             obj = ep.load()
@@ -85,11 +90,10 @@ def _load_plugins() -> None:
             app.command(ep.name)(obj)
 
 
-_load_plugins()
-
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``rexmle`` command and return its exit code (usage errors exit 2, rexmle errors their own code)."""
+    load_plugins()
     try:
         app(args=argv, prog_name="rexmle", standalone_mode=True)
     except SystemExit as exc:
