@@ -1,0 +1,253 @@
+"""The backend interface and :class:`Model`, the wrapper agents call.
+
+A backend makes exactly one attempt at one provider call and reports failures as :class:`TransientModelAPIError`
+(worth retrying) or :class:`~rexmle_grade.errors.ModelAPIError` (permanent). :class:`Model` adds everything that is
+the same for every provider: the retry policy, the concurrency limit, cost, and the usage ledger.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Protocol, cast
+
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
+from tenacity.wait import wait_base
+
+from rexmle_agents.models.accounting import ModelPrice, PriceTable, UsageLedger, load_prices
+from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, ToolCall, ToolSpec
+from rexmle_grade.errors import ConfigurationError, ModelAPIError
+
+logger = logging.getLogger(__name__)
+
+# 408 request timeout, 409 conflict (OpenAI uses it for transient lock contention), 429 rate limit; 5xx below.
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+class TransientModelAPIError(ModelAPIError):
+    """A failure that may succeed when tried again (rate limit, timeout, 5xx, dropped connection).
+
+    ``retry_after_s`` is the wait the server asked for, if it said. :class:`Model` retries these; a backend used on
+    its own surfaces them like any :class:`ModelAPIError`.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None, hint: str | None = None) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message, hint=hint)
+
+
+class ModelBackend(Protocol):
+    """One provider call per :meth:`generate`; ``name`` is the model string (``openai/gpt-5``)."""
+
+    name: str
+
+    def generate(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig
+    ) -> ModelResponse: ...
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds a response asks the client to wait: ``retry-after-ms``, or ``retry-after`` (seconds or HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def status_error(model: str, status: int, headers: Mapping[str, str], detail: str, *, key_env: str) -> ModelAPIError:
+    """Classify an HTTP error response: transient (retry) or permanent, with a hint on what to do."""
+    what = f"{model}: HTTP {status} from the provider: {detail}"
+    # A status below 400 only arrives with an error event inside a stream: the server broke off mid-answer.
+    if status in RETRYABLE_STATUS or status >= 500 or status < 400:
+        return TransientModelAPIError(what, retry_after_s=parse_retry_after(headers))
+    if status in (401, 403):
+        hint = f"check the API key in ${key_env} and that it may use this model"
+    elif status == 404:
+        hint = "check the model name and the base URL"
+    else:
+        hint = "the provider rejected the request; fix the request (messages, tools, config) rather than retrying"
+    return ModelAPIError(what, hint=hint)
+
+
+def malformed_response(model: str, detail: str) -> ModelAPIError:
+    return ModelAPIError(
+        f"{model}: malformed response from the provider: {detail}",
+        hint="the server does not speak the expected API; check the base URL and the server's version",
+    )
+
+
+@contextmanager
+def translating_sdk_errors(sdk: ModuleType, model: str, *, key_env: str, timeout_s: float) -> Iterator[None]:
+    """Turn the errors of an OpenAI-style SDK (``openai`` or ``anthropic``, which share names) into ours."""
+    try:
+        yield
+    except sdk.APIStatusError as exc:
+        raise status_error(model, exc.status_code, exc.response.headers, exc.message, key_env=key_env) from exc
+    except sdk.APITimeoutError as exc:
+        raise TransientModelAPIError(f"{model}: no answer within {timeout_s:g} s") from exc
+    except sdk.APIConnectionError as exc:
+        raise TransientModelAPIError(f"{model}: connection failed: {exc.__cause__ or exc}") from exc
+    except sdk.APIError as exc:  # an error event inside a stream: the server broke off mid-answer
+        raise TransientModelAPIError(f"{model}: the stream reported an error: {exc.message}") from exc
+    except ValueError as exc:  # undecodable JSON in a body or stream event (json and pydantic errors are ValueErrors)
+        raise malformed_response(model, f"{type(exc).__name__}: {exc}") from exc
+
+
+def tool_call_from_json(call_id: str, name: str, arguments: str) -> ToolCall:
+    """A tool call whose arguments arrived as JSON text; bad JSON is kept as ``parse_error`` for the agent to report."""
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError as exc:
+        return ToolCall(id=call_id, name=name, parse_error=f"arguments are not valid JSON ({exc}): {arguments[:500]}")
+    if not isinstance(parsed, dict):
+        return ToolCall(id=call_id, name=name, parse_error=f"arguments must be a JSON object, got: {arguments[:500]}")
+    return ToolCall(id=call_id, name=name, arguments=parsed)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How :class:`Model` retries transient failures.
+
+    Back-off is exponential with jitter (``initial_backoff_s * 2**n + uniform(0, jitter_s)``, at most
+    ``max_backoff_s``) unless the server asked for a wait (Retry-After), which is honoured. Retrying stops after
+    ``max_attempts`` attempts or when the next attempt would start more than ``max_total_s`` after the first.
+    """
+
+    max_attempts: int = 8
+    max_total_s: float = 900.0
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    jitter_s: float = 1.0
+
+
+class _WaitHonouringRetryAfter(wait_base):
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._backoff = wait_exponential_jitter(
+            multiplier=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
+        )
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        asked = _failure(retry_state).retry_after_s
+        return self._backoff(retry_state) if asked is None else asked
+
+
+def _failure(state: RetryCallState) -> TransientModelAPIError:
+    """The error that ended a failed attempt: always transient, as nothing else is retried."""
+    return cast(TransientModelAPIError, state.outcome.exception() if state.outcome else None)
+
+
+class Model:
+    """A backend plus retries, a concurrency limit, cost and usage accounting: what agents call.
+
+    ``max_concurrency`` bounds the calls in flight through this object (threads share it); retry back-off does
+    not hold a slot. With a ``ledger``, every call is recorded and the ledger's budget is checked before each call.
+    """
+
+    def __init__(
+        self,
+        backend: ModelBackend,
+        *,
+        retry: RetryPolicy | None = None,
+        max_concurrency: int = 8,
+        ledger: UsageLedger | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        self.backend = backend
+        self.name = backend.name
+        self.retry = retry or RetryPolicy()
+        self.ledger = ledger
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self.price: ModelPrice | None = (prices or load_prices()).lookup(self.name)
+        if self.price is None:
+            logger.warning("%s is not in the price table: its calls are counted in tokens, not dollars", self.name)
+            if ledger is not None and ledger.budget is not None and ledger.budget.max_cost_usd is not None:
+                raise ConfigurationError(
+                    f"a money budget is set but {self.name} has no price, so its cost cannot be counted",
+                    hint="add the model to the price table, or use a token budget (Budget(max_tokens=...))",
+                )
+
+    def generate(
+        self,
+        messages: Sequence[Message] | str,
+        tools: Sequence[ToolSpec] = (),
+        config: GenerateConfig | None = None,
+    ) -> ModelResponse:
+        """One generation, retried on transient failures; raises ModelAPIError or BudgetExceededError."""
+        if isinstance(messages, str):
+            messages = [Message.user(messages)]
+        config = config or GenerateConfig()
+        if self.ledger is not None:
+            self.ledger.check_budget()
+        started = attempt_started = time.monotonic()
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientModelAPIError),
+            wait=_WaitHonouringRetryAfter(self.retry),
+            stop=stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_total_s),
+            before_sleep=self._log_retry,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempt_started = time.monotonic()
+                    with self._slots:
+                        response = self.backend.generate(messages, tools, config)
+        except RetryError as exc:
+            raise self._gave_up(attempt.retry_state, time.monotonic() - started) from exc.last_attempt.exception()
+        cost = self.price.cost(response.usage) if self.price is not None else None
+        response = response.model_copy(update={"cost_usd": cost, "retry_time_s": attempt_started - started})
+        if self.ledger is not None:
+            self.ledger.record(self.name, response, duration_s=time.monotonic() - started)
+        return response
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        failure = _failure(state)
+        logger.warning(
+            "attempt %d failed (%s); retrying in %.2f s (%s)",
+            state.attempt_number,
+            failure.message,
+            state.next_action.sleep if state.next_action else 0.0,
+            "back-off" if failure.retry_after_s is None else "as the server asked",
+        )
+
+    def _gave_up(self, state: RetryCallState, elapsed_s: float) -> ModelAPIError:
+        failure = _failure(state)
+        asked = "" if failure.retry_after_s is None else f"; the server asked to wait {failure.retry_after_s:g} s more"
+        return ModelAPIError(
+            f"{self.name}: gave up after {state.attempt_number} attempt(s) in {elapsed_s:.1f} s{asked}; "
+            f"last error: {failure.message}",
+            hint=(
+                f"the provider kept failing; try again later or allow more retries "
+                f"(RetryPolicy(max_attempts={self.retry.max_attempts}, max_total_s={self.retry.max_total_s:g}))"
+            ),
+        )
