@@ -101,6 +101,8 @@ def read_json(path: Path, *, what: str = "JSON file", limit: int = MAX_JSON_BYTE
             return json.loads(fh.read().decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidSubmissionError(f"{what} {path.name!r} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is nested too deeply to be a valid document") from None
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,48 @@ def _sitk():
     return sitk
 
 
+MAX_HEADER_BYTES = 1 * MiB
+
+
+def check_data_file_reference(path: Path, *, what: str = "image") -> None:
+    """MetaImage (``ElementDataFile``) and NRRD (``data file``) headers may name another file to read voxels from;
+    allow only the header's own data or a plain file name that resolves (symlinks followed) beside the header."""
+    suffix = full_suffix(path)
+    if suffix in (".mha", ".mhd"):
+        key, separator, end_marker = "elementdatafile", "=", None
+    elif suffix in (".nrrd", ".seg.nrrd", ".nhdr"):
+        key, separator, end_marker = "datafile", ":", ""
+    else:
+        return
+    with path.open("rb") as fh:
+        lines = fh.read(MAX_HEADER_BYTES).decode("latin-1").splitlines()
+    for line in lines:
+        if end_marker is not None and line.strip() == end_marker:
+            return  # NRRD header ended without a data file field: the voxels follow in this file
+        name, found, value = line.partition(separator)
+        if not found or name.replace(" ", "").lower() != key:
+            continue
+        value = value.strip()
+        if value.upper() == "LOCAL":
+            return
+        target = path.parent / value
+        plain_name = bool(value) and not any(c in value for c in "/\\ \t")
+        if plain_name and target.exists() and target.resolve().is_relative_to(path.parent.resolve()):
+            return
+        raise InvalidSubmissionError(
+            f"{what} {path.name!r} reads its voxels from {value!r}; store the voxels in the file itself "
+            "(e.g. a single-file .mha or .nii.gz)"
+        )
+    if end_marker is None:
+        raise InvalidSubmissionError(f"{what} {path.name!r} has no ElementDataFile line in its first "
+                                     f"{MAX_HEADER_BYTES // MiB} MiB: not a MetaImage file")
+    raise InvalidSubmissionError(f"{what} {path.name!r} has no end of header in its first "
+                                 f"{MAX_HEADER_BYTES // MiB} MiB: not a NRRD file")
+
+
 def read_volume_geometry(path: Path, *, what: str = "image") -> tuple[Geometry, str, int]:
     """Header-only read: (geometry, pixel type name, components per pixel)."""
+    check_data_file_reference(path, what=what)
     sitk = _sitk()
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))
@@ -237,14 +279,14 @@ def read_image_2d(path: Path, *, what: str = "image", expected_size: Sequence[in
                 if not tif.pages:
                     raise InvalidSubmissionError(f"{what} {path.name!r} holds no image")
                 shape = tuple(int(v) for v in tif.pages[0].shape)
-                _check_2d_shape(path, shape, what, allow_channels)
+                _check_2d_shape(path, shape, what, allow_channels, expected_size)
                 array = tif.pages[0].asarray()
         else:
             from PIL import Image
 
             with Image.open(path) as img:
                 width, height = img.size
-                _check_2d_shape(path, (height, width), what, allow_channels)
+                _check_2d_shape(path, (height, width), what, allow_channels, expected_size)
                 img.load()
                 array = np.asarray(img)
     except InvalidSubmissionError:
@@ -271,9 +313,16 @@ def read_image_2d(path: Path, *, what: str = "image", expected_size: Sequence[in
     return array
 
 
-def _check_2d_shape(path: Path, shape: tuple[int, ...], what: str, allow_channels: bool) -> None:
+def _check_2d_shape(path: Path, shape: tuple[int, ...], what: str, allow_channels: bool,
+                    expected_size: Sequence[int] | None) -> None:
+    """Header checks before any pixel is decoded (so a decompression bomb is refused unread)."""
     if len(shape) < 2:
         raise InvalidSubmissionError(f"{what} {path.name!r} has shape {list(shape)}; a 2-D image is expected")
+    if expected_size is not None and (shape[1], shape[0]) != tuple(expected_size):
+        raise InvalidSubmissionError(
+            f"{what} {path.name!r} is {shape[1]}x{shape[0]} (width x height); "
+            f"the test image is {expected_size[0]}x{expected_size[1]}"
+        )
     pixels = shape[0] * shape[1]
     if pixels > MAX_IMAGE_PIXELS_2D:
         raise InvalidSubmissionError(f"{what} {path.name!r} declares {pixels} pixels, beyond the size limit")

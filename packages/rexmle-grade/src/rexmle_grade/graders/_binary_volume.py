@@ -1,0 +1,121 @@
+"""Shared machinery of graders that score one 3-D binary mask per case against a private label volume.
+
+Used by ``isles22`` and ``panther-task{1,2}``. The contract with the task's ``prepare``:
+
+* ``public/test_manifest.json``: test ids and each test image's geometry (SimpleITK size/spacing/origin/direction).
+* ``private/answers.csv``: the id column and ``label_path`` (ground-truth label volume, relative to ``private/``),
+  on the test image's grid.
+* submission: ``submission.csv`` with the id column and one path column naming a 3-D integer label volume on the
+  test image's grid (size, spacing within 1e-4 mm, origin within 1e-3 mm, direction within 1e-4). Nothing is
+  resampled or relabelled.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rexmle_grade.errors import GraderError, InvalidSubmissionError, TaskDataMissingError
+from rexmle_grade.grader import CaseInput, Grader, TestManifest, read_answers, write_submission_csv
+from rexmle_grade.io import Volume, read_volume, write_volume
+from rexmle_grade.schema import FileColumn
+
+LABEL_PATH = "label_path"
+
+
+class BinaryVolumeGrader(Grader):
+    """One binary-mask volume per case; subclasses define the value rules, the gold mask and the per-case scores."""
+
+    answer_columns = (LABEL_PATH,)
+
+    @property
+    def prediction_column(self) -> FileColumn:
+        (column,) = self.schema.file_columns
+        return column
+
+    # ---- hooks ------------------------------------------------------------------------------------------------
+    def check_values(self, array: np.ndarray, name: str) -> None:
+        """Reject voxel values the challenge does not accept (default: negative values)."""
+        if array.size and array.min() < 0:
+            raise InvalidSubmissionError(
+                f"{self.prediction_column.name} {name!r} contains negative values (minimum {array.min()}); "
+                "masks hold 0 for background and positive values for the foreground"
+            )
+
+    @abstractmethod
+    def gold_mask(self, label: np.ndarray) -> np.ndarray:
+        """The perfect prediction for a ground-truth label array."""
+
+    # ---- reading ------------------------------------------------------------------------------------------------
+    def load_prediction(self, case: CaseInput, column: FileColumn) -> Volume:
+        path = case.prediction_path(column)
+        volume = read_volume(path, what=f"{column.name} of {case.case_id!r}", expected=case.geometry, integer=True)
+        self.check_values(volume.array, path.name)
+        return volume
+
+    def read_ground_truth(self, case_id: str, path: Path) -> Volume:
+        if not path.is_file():
+            raise TaskDataMissingError(f"ground truth {path} of case {case_id!r} is missing",
+                                       hint="re-run `rexmle prepare TASK --force`")
+        try:
+            # float label files are accepted: the ground truth is the organisers' file as distributed
+            return read_volume(path, what=f"ground truth of {case_id!r}")
+        except InvalidSubmissionError as exc:
+            raise TaskDataMissingError(f"ground truth {path} of case {case_id!r} cannot be read: {exc.message}",
+                                       hint="re-run `rexmle prepare TASK --force`") from None
+
+    def load_case(self, case: CaseInput) -> tuple[Volume, Volume]:
+        """(ground truth, prediction) of one case, on the same grid."""
+        prediction = self.load_prediction(case, self.prediction_column)
+        truth = self.read_ground_truth(case.case_id, case.answer_path(LABEL_PATH))
+        problems = truth.geometry.mismatches(prediction.geometry)
+        if problems and case.geometry is None:  # nothing checked the prediction's grid yet: its fault
+            raise InvalidSubmissionError([f"{self.prediction_column.name} of {case.case_id!r}: {p}" for p in problems])
+        if problems:
+            raise GraderError(f"the test manifest's geometry of {case.case_id!r} differs from its private ground "
+                              f"truth ({'; '.join(problems)}); re-run `rexmle prepare TASK --force`")
+        return truth, prediction
+
+    # ---- aggregation --------------------------------------------------------------------------------------------
+    @staticmethod
+    def case_means(cases: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, float]:
+        """Arithmetic mean over cases of each per-case metric in ``names``."""
+        if not cases:
+            raise GraderError("no case was scored")
+        return {name: float(np.mean([float(c[name]) for c in cases])) for name in names}
+
+    # ---- reference submissions --------------------------------------------------------------------------------
+    def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
+        """Empty masks (all background) on every test image's grid."""
+        manifest = TestManifest.read(public_dir)
+        rows = []
+        for case_id in manifest.ids:
+            geometry = manifest.geometry.get(case_id)
+            if geometry is None:
+                raise TaskDataMissingError(f"{public_dir / 'test_manifest.json'} has no geometry for {case_id!r}",
+                                           hint="re-run `rexmle prepare TASK --force`")
+            row = self.schema.example_row(case_id)
+            write_volume(dest / row[self.prediction_column.name],
+                         np.zeros(geometry.numpy_shape, dtype=np.uint8), geometry)
+            rows.append(row)
+        write_submission_csv(dest, self.schema, rows)
+
+    def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
+        """The ground truth itself, as the masks a perfect participant would submit."""
+        manifest = TestManifest.read(public_dir)
+        answers = read_answers(private_dir, self)
+        rows = []
+        for case_id in manifest.ids:
+            if case_id not in answers:
+                raise TaskDataMissingError(f"{private_dir / 'answers.csv'} has no row for test case {case_id!r}",
+                                           hint="re-run `rexmle prepare TASK --force`")
+            truth = self.read_ground_truth(case_id, private_dir / answers[case_id][LABEL_PATH])
+            row = self.schema.example_row(case_id)
+            write_volume(dest / row[self.prediction_column.name],
+                         self.gold_mask(truth.array).astype(np.uint8), truth.geometry)
+            rows.append(row)
+        write_submission_csv(dest, self.schema, rows)
