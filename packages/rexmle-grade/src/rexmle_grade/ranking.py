@@ -6,9 +6,10 @@ Definitions (CHALLENGES.md §2, fixed here once for all 20 challenges):
   (ties go to the better position, like ``pandas.rank(method="min")``);
 * ``mean_position`` = mean of the per-metric positions; ``percentile = 1 - (mean_position - 1) / N``
   (1.0: better than or tied with every row on every metric; 0.0: last on every metric);
-* medals compare the submission's mean position with the leaderboard rows' recorded mean positions, rows sorted
-  by rank: gold if ``<= mp[0]``, silver if ``<= mp[1]``, bronze if ``<= mp[2]``; ``above_median`` if
-  ``<= mp[N // 2]``;
+* medals compare the submission's mean position with the leaderboard rows' mean positions, rows sorted by rank:
+  gold if ``<= mp[0]``, silver if ``<= mp[1]``, bronze if ``<= mp[2]``; ``above_median`` if ``<= mp[N // 2]``.
+  ``mp`` is recomputed from the rows' values (exactly what the CSV's ``mean_position`` records, but unrounded: the
+  CSVs round to 2 decimals, so a submission tying the top row on every metric would otherwise miss gold by 0.003);
 * ``inserted_rank``: the submission's rank when it is added to the board and every row's mean position is
   recomputed among the N+1 entries (ties share the better rank).
 
@@ -149,7 +150,7 @@ def rank_submission(leaderboard: Leaderboard, metrics: Mapping[str, float | None
             nan_metrics.append(m)
         positions[m] = position(value, leaderboard.values[m], leaderboard.directions[m])
     mean_pos = sum(positions.values()) / len(positions)
-    mp = leaderboard.mean_positions
+    mp = rerank(leaderboard)
     thresholds = {"gold": mp[0], "silver": mp[min(1, n - 1)], "bronze": mp[min(2, n - 1)], "median": mp[n // 2]}
     gold = mean_pos <= thresholds["gold"]
     silver = not gold and mean_pos <= thresholds["silver"]
