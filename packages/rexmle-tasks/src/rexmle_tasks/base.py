@@ -77,6 +77,11 @@ class TaskFamily(ABC):
         """Cases of one group always land on the same side of the split (default: each case alone)."""
         return case_id
 
+    def fixed_split(self, raw: Path) -> Split | None:
+        """A split the data itself dictates (an official labelled test set found in ``raw``), used instead of the
+        hashed split; ``None`` (the default): the hashed split of :func:`rexmle_tasks.splits.make_split`."""
+        return None
+
     # ---- preparation ------------------------------------------------------------------------------------------
     @abstractmethod
     def prepare(self, ctx: PrepareContext) -> TestManifest:

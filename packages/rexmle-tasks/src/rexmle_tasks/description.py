@@ -8,8 +8,13 @@
 
 from __future__ import annotations
 
+import re
+
+from rexmle_grade.errors import RexmleError
 from rexmle_grade.grader import TestManifest
 from rexmle_tasks.base import Task
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 
 
 def render_description(task: Task, manifest: TestManifest, *, n_train: int) -> str:
@@ -22,8 +27,12 @@ def render_description(task: Task, manifest: TestManifest, *, n_train: int) -> s
         "n_test": str(len(manifest.ids)),
     }
     text = task.description_template
-    if "{{submission_format}}" not in text:
+    used = {m.group(1) for m in _PLACEHOLDER.finditer(text)}
+    if used - set(fields):
+        raise RexmleError(f"{task.folder / 'description.md'} uses unknown placeholder(s) {sorted(used - set(fields))}"
+                          f"; known: {sorted(fields)}")
+    if "submission_format" not in used:
         text += "\n\n## Submission format\n\n{{submission_format}}\n"
-    for key, value in fields.items():
-        text = text.replace("{{" + key + "}}", value)
+    # one pass, so that text inserted for one placeholder is never searched for another
+    text = _PLACEHOLDER.sub(lambda m: fields[m.group(1)], text)
     return text.rstrip() + "\n"

@@ -25,9 +25,17 @@ class RemoteFile(_Strict):
 
     name: str
     url: str | None = None
-    size: int | None = None
+    size: int | None = Field(default=None, ge=0)
     md5: str | None = None
     sha256: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        # the name becomes a path under raw/downloads/, so it must not climb out of it
+        if not v or v in (".", "..") or "/" in v or "\\" in v:
+            raise ValueError(f"file name {v!r} must be a plain file name (no folders)")
+        return v
 
     @field_validator("md5")
     @classmethod
@@ -48,8 +56,9 @@ class DataSource(_Strict):
     """Where the raw data comes from.
 
     kinds: ``zenodo`` (records API, ``record`` id; ``files`` empty = the whole record), ``figshare`` (article
-    download URL in ``url``), ``url`` (each file's ``url``), ``gdrive`` / ``manual`` (no automatic download:
-    ``instructions`` tell the user which file to place where).
+    download URL in ``url``, saved under the name of its one ``files`` entry), ``url`` (each file's ``url``),
+    ``gdrive`` / ``manual`` (no automatic download: ``files`` name what must be in ``raw/downloads/`` and
+    ``instructions`` tell the user where to get it; ``optional: true`` when the task also works without them).
     """
 
     kind: Literal["zenodo", "figshare", "url", "gdrive", "manual"]
@@ -57,17 +66,22 @@ class DataSource(_Strict):
     url: str | None = None
     files: tuple[RemoteFile, ...] = ()
     instructions: str | None = None
+    optional: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> DataSource:
         if self.kind == "zenodo" and not self.record:
             raise ValueError("a zenodo source needs 'record'")
-        if self.kind == "figshare" and not self.url:
-            raise ValueError("a figshare source needs 'url'")
+        if self.kind == "figshare" and (not self.url or len(self.files) != 1):
+            raise ValueError("a figshare source needs 'url' (the article download URL) and exactly one 'files' "
+                             "entry naming the archive it is saved as")
         if self.kind == "url" and not all(f.url for f in self.files):
             raise ValueError("every file of a url source needs 'url'")
-        if self.kind in ("gdrive", "manual") and not self.instructions:
-            raise ValueError(f"a {self.kind} source needs 'instructions' telling the user what to place where")
+        if self.kind in ("gdrive", "manual") and (not self.instructions or not self.files):
+            raise ValueError(f"a {self.kind} source needs 'files' (what must be placed in raw/downloads/) and "
+                             "'instructions' telling the user where to get them")
+        if self.optional and self.kind not in ("gdrive", "manual"):
+            raise ValueError("only a gdrive or manual source can be optional (downloads are always fetched)")
         return self
 
 

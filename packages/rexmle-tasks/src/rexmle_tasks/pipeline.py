@@ -1,8 +1,13 @@
 """Preparing a task end to end: acquire raw data (download or synthetic mirror), extract, split, prepare.
 
-Crash safety: ``public/`` and ``private/`` are built in temporary sibling folders and swapped in only when the
-whole preparation succeeded; the ``prepared.json`` marker is written last. A failed or interrupted run leaves the
-previous preparation (or nothing) in place, never a half-written one.
+Crash safety: ``public/`` and ``private/`` are built in temporary sibling folders (removed again if preparation
+fails) and swapped in only when the whole preparation succeeded; the ``prepared.json`` marker is removed before the
+swap and written last. A failed or interrupted run leaves the previous preparation (or nothing) in place, never a
+half-written one.
+
+``force``: a prepared task is prepared again from ``raw/``. ``raw/`` itself is replaced only when it holds another
+source than the one asked for (real vs synthetic, or other synthetic cases/seed), so forcing never throws away a
+matching multi-gigabyte download, also not one shared by a group of tasks.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 from rexmle_grade.errors import TaskDataMissingError, UserInputError
 from rexmle_grade.grader import TestManifest
 from rexmle_grade.settings import TaskDirs
-from rexmle_tasks.base import DOWNLOADS, PrepareContext, Task, reset_dir
+from rexmle_tasks.base import DOWNLOADS, PrepareContext, Task, TaskFamily, reset_dir
 from rexmle_tasks.splits import Split, file_checksums, make_split
 
 log = logging.getLogger(__name__)
@@ -40,9 +45,15 @@ class PreparedInfo:
     n_test: int
     split_digest: str
     prepared_at: str
+    cases: int | None = None  # synthetic data only: labelled cases and seed of the mirror
+    seed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return {"synthetic": True, "cases": self.cases, "seed": self.seed} if self.synthetic else {"synthetic": False}
 
 
 def task_dirs(task: Task, data_root: str | Path | None = None) -> TaskDirs:
@@ -66,33 +77,48 @@ def require_prepared(task: Task, dirs: TaskDirs) -> PreparedInfo:
     return info
 
 
+def requested_source(task: Task, *, synthetic: bool, cases: int | None, seed: int) -> dict[str, Any]:
+    """The raw-data source a prepare call asks for (as recorded in raw/ and compared with what is there)."""
+    if not synthetic:
+        return {"synthetic": False}
+    return {"synthetic": True, "cases": cases or task.meta.synthetic_cases, "seed": seed}
+
+
 def acquire_raw(task: Task, dirs: TaskDirs, *, synthetic: bool, cases: int | None, seed: int,
                 force: bool) -> None:
-    """Fill ``raw/downloads`` (synthetic mirror or real download) and extract it, unless already done."""
-    source = {"synthetic": synthetic, "cases": cases or task.meta.synthetic_cases, "seed": seed} if synthetic \
-        else {"synthetic": False}
+    """Fill ``raw/downloads`` (synthetic mirror or real download) and extract it, unless already done.
+
+    ``raw/`` holding another source is an error, or with ``force`` is wiped and acquired again.
+    """
+    source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed)
     marker = dirs.raw / RAW_SOURCE_MARKER
-    if marker.is_file() and not force:
+    if marker.is_file():
         existing = json.loads(marker.read_text())
         if existing != source:
-            raise UserInputError(
-                f"{dirs.raw} already holds {describe_source(existing)}, not {describe_source(source)}",
-                hint="add --force to replace it",
-            )
-    elif force and dirs.raw.exists():
-        shutil.rmtree(dirs.raw)
+            if not force:
+                raise UserInputError(
+                    f"{dirs.raw} already holds {describe_source(existing)}, not {describe_source(source)}",
+                    hint="add --force to replace it",
+                )
+            log.warning("replacing %s in %s by %s", describe_source(existing), dirs.raw, describe_source(source))
+            shutil.rmtree(dirs.raw)
     family = task.family()
     downloads = dirs.raw / DOWNLOADS
     if not marker.is_file():
-        downloads.mkdir(parents=True, exist_ok=True)
         if synthetic:
             log.info("writing a synthetic mirror of %s's download (%d cases, seed %d)", task.id, source["cases"],
                      seed)
-            family.write_synthetic_download(downloads, cases=source["cases"], seed=seed)
+            # written aside and moved in whole, so an interrupted run never leaves synthetic archives (with the
+            # real names) where a later real download would take them for its own
+            partial = reset_dir(dirs.raw / f"{DOWNLOADS}.partial")
+            family.write_synthetic_download(partial, cases=source["cases"], seed=seed)
+            if downloads.exists():
+                shutil.rmtree(downloads)
+            partial.rename(downloads)
         else:
             from rexmle_tasks.download import fetch_sources
 
-            fetch_sources(task.meta.data_sources, downloads)
+            fetch_sources(task.meta.data_sources, downloads)  # resumes whatever an interrupted run left
         marker.write_text(json.dumps(source) + "\n")
     if not (dirs.raw / EXTRACTED_MARKER).is_file():
         log.info("extracting %s", downloads)
@@ -110,42 +136,58 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
                  force: bool = False) -> PreparedInfo:
     """Prepare ``task`` into ``dirs`` (see module docstring). Returns the existing preparation unless ``force``."""
     existing = prepared_info(dirs)
+    source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed)
     if existing is not None and not force:
-        if existing.synthetic != synthetic:
+        if existing.source != source:
             raise UserInputError(
-                f"task {task.id!r} is already prepared from {'synthetic' if existing.synthetic else 'real'} data",
+                f"task {task.id!r} is already prepared from {describe_source(existing.source)}, not "
+                f"{describe_source(source)}",
                 hint="add --force to prepare it again",
             )
         return existing
-    acquire_raw(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force and task.meta.raw_group is None)
+    acquire_raw(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force)
     family = task.family()
     ids = family.case_ids(dirs.raw)
     if len(ids) < 2:
         raise TaskDataMissingError(f"found {len(ids)} labelled case(s) for {task.id!r} in {dirs.raw}",
                                    hint="the download looks incomplete; re-run with --force")
-    split = make_split(ids, seed=task.meta.split.seed, test_fraction=task.meta.split.test_fraction,
-                       group_of=family.split_group)
+    split = family.fixed_split(dirs.raw) or make_split(
+        ids, seed=task.meta.split.seed, test_fraction=task.meta.split.test_fraction, group_of=family.split_group)
     public_tmp = reset_dir(dirs.root / "public.partial")
     private_tmp = reset_dir(dirs.root / "private.partial")
-    ctx = PrepareContext(raw=dirs.raw, public=public_tmp, private=private_tmp, split=split,
-                         options=dict(task.meta.options))
-    log.info("preparing %s: %d train / %d test cases", task.id, len(split.train), len(split.test))
-    manifest = family.prepare(ctx)
-    if list(manifest.ids) != list(split.test):
-        raise RuntimeError(f"family {task.meta.family!r} returned test ids that differ from the split")
-    manifest.write(public_tmp)
-    task.grader.write_sample_submission(public_tmp, public_tmp / SAMPLE_SUBMISSION)
-    from rexmle_tasks.description import render_description
-
-    (public_tmp / DESCRIPTION).write_text(render_description(task, manifest, n_train=len(split.train)))
-    write_split_manifests(task, split, public_tmp, private_tmp)
+    try:
+        _build(task, family, split, public_tmp, private_tmp, raw=dirs.raw)
+    except BaseException:
+        shutil.rmtree(public_tmp, ignore_errors=True)
+        shutil.rmtree(private_tmp, ignore_errors=True)
+        raise
+    (dirs.root / PREPARED_MARKER).unlink(missing_ok=True)
     _swap(public_tmp, dirs.public)
     _swap(private_tmp, dirs.private)
     info = PreparedInfo(task_id=task.id, task_version=task.meta.version, synthetic=synthetic,
                         n_train=len(split.train), n_test=len(split.test), split_digest=split.digest,
-                        prepared_at=_now())
+                        prepared_at=_now(), cases=source.get("cases"), seed=source.get("seed"))
     (dirs.root / PREPARED_MARKER).write_text(json.dumps(info.to_json(), indent=1) + "\n")
     return info
+
+
+def _build(task: Task, family: TaskFamily, split: Split, public: Path, private: Path, *, raw: Path) -> None:
+    """The family's prepare, then the framework's files (manifest, sample submission, description, checksums)."""
+    ctx = PrepareContext(raw=raw, public=public, private=private, split=split, options=dict(task.meta.options))
+    log.info("preparing %s: %d train / %d test cases", task.id, len(split.train), len(split.test))
+    manifest = family.prepare(ctx)
+    if list(manifest.ids) != list(split.test):
+        raise RuntimeError(
+            f"family {task.meta.family!r} returned test ids {list(manifest.ids)[:5]}... ({len(manifest.ids)}) "
+            f"but the split's are {list(split.test)[:5]}... ({len(split.test)}); prepare must return "
+            "TestManifest(ids=tuple(ctx.split.test), ...)"
+        )
+    manifest.write(public)
+    task.grader.write_sample_submission(public, public / SAMPLE_SUBMISSION)
+    from rexmle_tasks.description import render_description
+
+    (public / DESCRIPTION).write_text(render_description(task, manifest, n_train=len(split.train)))
+    write_split_manifests(task, split, public, private)
 
 
 def write_split_manifests(task: Task, split: Split, public: Path, private: Path) -> None:

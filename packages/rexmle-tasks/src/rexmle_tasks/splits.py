@@ -43,12 +43,18 @@ def make_split(ids: Sequence[str], *, seed: int, test_fraction: float,
     return Split(train=train, test=test)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def file_digests(path: Path, algorithms: Sequence[str] = ("sha256",), chunk: int = 1 << 20) -> dict[str, str]:
+    """{algorithm: hex digest} of a file read once (several algorithms cost one pass over a large archive)."""
+    hashers = {name: hashlib.new(name, usedforsecurity=False) for name in algorithms}
     with path.open("rb") as fh:
         while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+            for h in hashers.values():
+                h.update(block)
+    return {name: h.hexdigest() for name, h in hashers.items()}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    return file_digests(path, ("sha256",), chunk)["sha256"]
 
 
 def file_checksums(root: Path, exclude: Iterable[str] = ()) -> dict[str, str]:
