@@ -7,10 +7,10 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = {"torch", "torchvision", "monai", "nnunetv2", "timm", "diffusers"}

@@ -12,7 +12,8 @@ from rexmle_grade.report import GradingReport, ReportEntry
 def entry(task: str, *, valid: bool, percentile: float | None = None, medal: str | None = None,
           task_type: str = "segmentation") -> ReportEntry:
     return ReportEntry(task_id=task, grader_id=task, task_type=task_type, dim="3d", submission_path="x",
-                       submission_exists=True, valid_submission=valid, status="valid" if valid else "invalid_submission",
+                       submission_exists=True, valid_submission=valid,
+                       status="valid" if valid else "invalid_submission",
                        leaderboard_rows=10, percentile=percentile, gold_medal=medal == "gold",
                        bronze_medal=medal == "bronze", any_medal=medal is not None, above_median=bool(medal))
 

@@ -1,4 +1,4 @@
-"""ReX-MLE expert baselines (nnU-Net v2, MONAI, timm, diffusers) that take a prepared task and write a valid submission."""
+"""ReX-MLE expert baselines (nnU-Net v2, MONAI, timm, diffusers): a prepared task in, a valid submission out."""
 
 from importlib.metadata import PackageNotFoundError, version
 

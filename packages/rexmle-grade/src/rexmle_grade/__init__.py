@@ -7,10 +7,10 @@ try:
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
 
-from rexmle_grade.errors import (  # noqa: E402
+from rexmle_grade.errors import (
     GraderError,
     InvalidSubmissionError,
     RexmleError,
 )
 
-__all__ = ["__version__", "RexmleError", "InvalidSubmissionError", "GraderError"]
+__all__ = ["GraderError", "InvalidSubmissionError", "RexmleError", "__version__"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError, UnknownNameError
-from rexmle_grade.io import Geometry, read_json, resolve_inside
+from rexmle_grade.io import Geometry, resolve_inside
 from rexmle_grade.schema import FileColumn, SubmissionSchema
 
 TEST_MANIFEST = "test_manifest.json"

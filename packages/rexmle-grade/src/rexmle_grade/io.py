@@ -83,7 +83,9 @@ def resolve_inside(base_dir: Path, relative: str, *, what: str = "path") -> Path
 def check_file_size(path: Path, limit: int, *, what: str) -> int:
     size = path.stat().st_size
     if size > limit:
-        raise InvalidSubmissionError(f"{what} {path.name!r} is {size / MiB:.1f} MiB; the limit is {limit / MiB:.0f} MiB")
+        raise InvalidSubmissionError(
+            f"{what} {path.name!r} is {size / MiB:.1f} MiB; the limit is {limit / MiB:.0f} MiB"
+        )
     if size == 0:
         raise InvalidSubmissionError(f"{what} {path.name!r} is empty (0 bytes)")
     return size

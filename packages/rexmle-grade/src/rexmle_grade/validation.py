@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from rexmle_grade.errors import InvalidSubmissionError
 from rexmle_grade.grader import CaseInput, Grader, TestManifest
 from rexmle_grade.io import MAX_CSV_BYTES, MAX_FILE_BYTES, resolve_inside
-from rexmle_grade.schema import SUBMISSION_CSV, FileColumn, ValueColumn
+from rexmle_grade.schema import SUBMISSION_CSV, ValueColumn
 
 MAX_LISTED_PROBLEMS = 40
 T = TypeVar("T")
