@@ -6,6 +6,8 @@ Everything a grader reads from a submission goes through here, so that:
   symlinks that resolve elsewhere are rejected);
 * oversized, truncated or malformed files, decompression bombs and NaN/inf values become an
   :class:`InvalidSubmissionError` with a message, never a crash or a huge allocation;
+* a MetaImage or NRRD header cannot make SimpleITK read voxels from another file outside the submission (headers
+  are parsed as MetaIO and teem parse them), and a 2-D image is decoded by the decoder its suffix names;
 * geometry (size, spacing, origin, direction) is read from the header before any voxel is decoded.
 
 Conventions: 3-D images are read with SimpleITK. :attr:`Volume.array` is SimpleITK's numpy view, axes ``(z, y, x)``;
@@ -15,9 +17,13 @@ Conventions: 3-D images are read with SimpleITK. :attr:`Volume.array` is SimpleI
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
+import re
+import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -30,6 +36,7 @@ from rexmle_grade.errors import InvalidSubmissionError
 MiB = 1024 * 1024
 MAX_CSV_BYTES = 64 * MiB
 MAX_JSON_BYTES = 64 * MiB
+MAX_JSON_VALUES = 5_000_000  # a dense PUMA nuclei file holds about a million
 MAX_FILE_BYTES = 2048 * MiB
 MAX_DECODED_BYTES = 4096 * MiB
 MAX_IMAGE_PIXELS_2D = 400_000_000
@@ -96,11 +103,19 @@ def _reject_constant(name: str) -> Any:
 
 
 def read_json(path: Path, *, what: str = "JSON file", limit: int = MAX_JSON_BYTES) -> Any:
-    """Parse a JSON file; NaN/Infinity literals, bad encodings and oversize files are invalid."""
+    """Parse a JSON file; NaN/Infinity literals, bad encodings, oversize files and documents of more than
+    :data:`MAX_JSON_VALUES` values are invalid."""
     check_file_size(path, limit, what=what)
+    with path.open("rb") as fh:
+        data = fh.read()
+    # every value but the first follows a ',' or opens a container: counting them bounds the parsed objects, which
+    # cost up to 20 times their text ('[],' is 3 bytes, a Python list 56)
+    values = data.count(b",") + data.count(b"[") + data.count(b"{")
+    if values > MAX_JSON_VALUES:
+        raise InvalidSubmissionError(f"{what} {path.name!r} holds about {values} values; the limit is "
+                                     f"{MAX_JSON_VALUES}")
     try:
-        with path.open("rb") as fh:
-            return json.loads(fh.read().decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidSubmissionError(f"{what} {path.name!r} is not valid JSON: {exc}") from None
     except RecursionError:
@@ -174,42 +189,95 @@ def _sitk():
 
 
 MAX_HEADER_BYTES = 1 * MiB
+# every ASCII control character but TAB: C readers and Python disagree on where lines containing them end
+_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_METAIMAGE_FIELD = re.compile(r"([^=:]*)[=:](.*)")  # MetaIO ends a key at the first '=' or ':'
+_PLAIN_DATA_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_NRRD_DATA_FILE_FIELDS = frozenset({"datafile"})  # teem accepts "data file" and "datafile", in any case
+
+
+def _header_lines(path: Path) -> list[bytes]:
+    """The first :data:`MAX_HEADER_BYTES` of a text header split as MetaIO and teem split them: at LF, with a CR
+    before it dropped. Python's ``splitlines`` also breaks at form feeds, NEL and others, which the C readers do
+    not: a field hidden behind such a byte would escape the checks below, so those lines are refused instead."""
+    with path.open("rb") as fh:
+        return [line.removesuffix(b"\r") for line in fh.read(MAX_HEADER_BYTES).split(b"\n")]
 
 
 def check_data_file_reference(path: Path, *, what: str = "image") -> None:
-    """MetaImage (``ElementDataFile``) and NRRD (``data file``) headers may name another file to read voxels from;
-    allow only the header's own data or a plain file name that resolves (symlinks followed) beside the header."""
+    """MetaImage (``ElementDataFile``) and NRRD (``data file``) headers may name other files to read voxels from,
+    anywhere on the machine; allow only the header's own data or a plain file name that resolves (symlinks
+    followed) beside the header.
+
+    The header is parsed strictly, as the C readers would see it: every line before the voxel data must be a
+    well-formed field without control characters (MetaImage ``Key = value`` with a value on the same line; NRRD
+    ``field: value``, ``key:=value``, ``#`` comments, ending at an empty line). Anything else is refused, because
+    MetaIO and teem read such lines differently from any simple check (a value may continue on the next line,
+    ``:`` also separates MetaImage keys, ``LIST`` makes the following lines file names...).
+    """
     suffix = full_suffix(path)
     if suffix in (".mha", ".mhd"):
-        key, separator, end_marker = "elementdatafile", "=", None
+        _check_metaimage_header(path, what)
     elif suffix in (".nrrd", ".seg.nrrd", ".nhdr"):
-        key, separator, end_marker = "datafile", ":", ""
-    else:
-        return
-    with path.open("rb") as fh:
-        lines = fh.read(MAX_HEADER_BYTES).decode("latin-1").splitlines()
-    for line in lines:
-        if end_marker is not None and line.strip() == end_marker:
-            return  # NRRD header ended without a data file field: the voxels follow in this file
-        name, found, value = line.partition(separator)
-        if not found or name.replace(" ", "").lower() != key:
-            continue
-        value = value.strip()
-        if value.upper() == "LOCAL":
-            return
-        target = path.parent / value
-        plain_name = bool(value) and not any(c in value for c in "/\\ \t")
-        if plain_name and target.exists() and target.resolve().is_relative_to(path.parent.resolve()):
-            return
-        raise InvalidSubmissionError(
-            f"{what} {path.name!r} reads its voxels from {value!r}; store the voxels in the file itself "
-            "(e.g. a single-file .mha or .nii.gz)"
-        )
-    if end_marker is None:
-        raise InvalidSubmissionError(f"{what} {path.name!r} has no ElementDataFile line in its first "
-                                     f"{MAX_HEADER_BYTES // MiB} MiB: not a MetaImage file")
+        _check_nrrd_header(path, what)
+
+
+def _header_problem(path: Path, what: str, number: int, message: str) -> InvalidSubmissionError:
+    return InvalidSubmissionError(f"{what} {path.name!r}: header line {number} {message}; write the file with "
+                                  "SimpleITK (or another standard writer) and keep its voxels inside it")
+
+
+def _check_metaimage_header(path: Path, what: str) -> None:
+    for number, line in enumerate(_header_lines(path), start=1):
+        if not line.strip(b" \t"):
+            continue  # MetaIO skips blank lines
+        if _CONTROL_BYTES.search(line):
+            raise _header_problem(path, what, number, "contains control characters")
+        field = _METAIMAGE_FIELD.fullmatch(line.decode("latin-1"))
+        key, value = (field[1].strip(" \t"), field[2].strip(" \t")) if field else ("", "")
+        if not key or not value:
+            # MetaIO would take the next line as this field's value (or skip it): the two readings differ
+            raise _header_problem(path, what, number, "is not a 'Key = value' field")
+        if key.lower() == "elementdatafile":
+            if value.upper() != "LOCAL":
+                _check_data_file_name(path, what, value)
+            return  # the voxels follow
+    raise InvalidSubmissionError(f"{what} {path.name!r} has no ElementDataFile line in its first "
+                                 f"{MAX_HEADER_BYTES // MiB} MiB: not a MetaImage file")
+
+
+def _check_nrrd_header(path: Path, what: str) -> None:
+    lines = _header_lines(path)
+    if not lines[0].startswith(b"NRRD"):
+        raise InvalidSubmissionError(f"{what} {path.name!r} does not start with a NRRD magic line: not a NRRD file")
+    for number, line in enumerate(lines[1:], start=2):
+        if not line:
+            return  # end of the header
+        if _CONTROL_BYTES.search(line):
+            raise _header_problem(path, what, number, "contains control characters")
+        text = line.decode("latin-1")
+        if text.startswith("#") or ":=" in text:
+            continue  # comment, or key/value pair (teem tests for ':=' first)
+        name, separator, value = text.partition(": ")
+        if not separator:
+            raise _header_problem(path, what, number, "is neither a 'field: value' line nor a comment")
+        if "".join(name.split()).lower() in _NRRD_DATA_FILE_FIELDS:
+            _check_data_file_name(path, what, value.strip(" \t"))
     raise InvalidSubmissionError(f"{what} {path.name!r} has no end of header in its first "
                                  f"{MAX_HEADER_BYTES // MiB} MiB: not a NRRD file")
+
+
+def _check_data_file_name(path: Path, what: str, value: str) -> None:
+    """A data file named in a header: a plain existing file name beside the header, never ``LIST`` (whose following
+    lines name further files) nor a pattern."""
+    target = path.parent / value
+    if (_PLAIN_DATA_FILE.fullmatch(value) and value.upper() != "LIST" and target.is_file()
+            and target.resolve().is_relative_to(path.parent.resolve())):
+        return
+    raise InvalidSubmissionError(
+        f"{what} {path.name!r} reads its voxels from {value!r}; store the voxels in the file itself "
+        "(e.g. a single-file .mha or .nii.gz)"
+    )
 
 
 def read_volume_geometry(path: Path, *, what: str = "image") -> tuple[Geometry, str, int]:
@@ -257,6 +325,8 @@ def read_volume(path: Path, *, what: str = "image", expected: Geometry | None = 
         raise InvalidSubmissionError(
             f"{what} {path.name!r} stores {pixel} voxels; label maps must use an integer type (e.g. uint8)"
         )
+    if full_suffix(path) in (".nii", ".nii.gz"):
+        check_nifti_complete(path, what=what)
     try:
         image = sitk.ReadImage(str(path))
     except RuntimeError as exc:
@@ -266,6 +336,55 @@ def read_volume(path: Path, *, what: str = "image", expected: Geometry | None = 
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise InvalidSubmissionError(f"{what} {path.name!r} contains NaN or infinite values")
     return Volume(array=array, geometry=geometry)
+
+
+NIFTI_READ_CHUNK = 4 * MiB
+
+
+def _nifti_data_end(header: bytes) -> int | None:
+    """Where the voxels of a single-file NIfTI-1 image end according to its header (None: no NIfTI-1 header, left
+    to the reader to refuse; SimpleITK reads no NIfTI-2)."""
+    for order in "<>":
+        if len(header) < 348 or struct.unpack_from(order + "i", header)[0] != 348:
+            continue
+        dims = struct.unpack_from(order + "8h", header, 40)
+        bitpix = struct.unpack_from(order + "h", header, 72)[0]
+        offset = struct.unpack_from(order + "f", header, 108)[0]
+        n_dims = dims[0]
+        if not 1 <= n_dims <= 7 or min(dims[1:n_dims + 1]) < 1 or bitpix < 1 or not math.isfinite(offset):
+            return None
+        # niftilib starts the voxels of a single file at byte 352 at the earliest, whatever the header says
+        return max(int(offset), 352) + math.prod(dims[1:n_dims + 1]) * bitpix // 8
+    return None
+
+
+def check_nifti_complete(path: Path, *, what: str = "image") -> None:
+    """Refuse a NIfTI file holding fewer voxel bytes than its header announces: ITK's reader silently returns a
+    partly filled image for a truncated ``.nii`` or ``.nii.gz``. A ``.nii.gz`` is inflated in chunks (never whole)
+    up to the announced end."""
+    with path.open("rb") as fh:
+        compressed = fh.read(2) == b"\x1f\x8b"  # ITK also reads an uncompressed file named .nii.gz
+    try:
+        with gzip.open(path, "rb") if compressed else path.open("rb") as fh:
+            header = fh.read(352)
+            end = _nifti_data_end(header)
+            if end is None:
+                return
+            available = len(header) if compressed else path.stat().st_size
+            while compressed and available < end:
+                chunk = fh.read(min(NIFTI_READ_CHUNK, end - available))
+                if not chunk:
+                    break
+                available += len(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is truncated or corrupt: {exc}") from None
+    if available < end:
+        raise InvalidSubmissionError(f"{what} {path.name!r} is truncated: its header announces {end} bytes of header "
+                                     f"and voxels, the file holds {available}")
+
+
+# the one Pillow decoder each suffix may use: Pillow otherwise picks a decoder from the content
+PIL_FORMATS = {".png": ("PNG",), ".bmp": ("BMP",), ".jpg": ("JPEG",), ".jpeg": ("JPEG",)}
 
 
 def read_image_2d(path: Path, *, what: str = "image", expected_size: Sequence[int] | None = None,
@@ -278,15 +397,20 @@ def read_image_2d(path: Path, *, what: str = "image", expected_size: Sequence[in
             import tifffile
 
             with tifffile.TiffFile(path) as tif:
-                if not tif.pages:
-                    raise InvalidSubmissionError(f"{what} {path.name!r} holds no image")
-                shape = tuple(int(v) for v in tif.pages[0].shape)
+                page = tif.pages.first
+                if tif.pages.is_multipage:  # checked without walking the whole page chain
+                    raise InvalidSubmissionError(f"{what} {path.name!r} holds several images (pages); a single "
+                                                 "2-D image is expected")
+                shape = tuple(int(v) for v in page.shape)
                 _check_2d_shape(path, shape, what, allow_channels, expected_size)
-                array = tif.pages[0].asarray()
+                array = page.asarray()
         else:
             from PIL import Image
 
-            with Image.open(path) as img:
+            with Image.open(path, formats=PIL_FORMATS.get(suffix)) as img:
+                if getattr(img, "n_frames", 1) != 1:
+                    raise InvalidSubmissionError(f"{what} {path.name!r} holds {img.n_frames} frames; a single 2-D "
+                                                 "image is expected")
                 width, height = img.size
                 _check_2d_shape(path, (height, width), what, allow_channels, expected_size)
                 img.load()

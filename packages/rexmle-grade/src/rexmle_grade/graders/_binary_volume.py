@@ -54,7 +54,10 @@ class BinaryVolumeGrader(Grader):
     def load_prediction(self, case: CaseInput, column: FileColumn) -> Volume:
         path = case.prediction_path(column)
         volume = read_volume(path, what=f"{column.name} of {case.case_id!r}", expected=case.geometry, integer=True)
-        self.check_values(volume.array, path.name)
+        try:
+            self.check_values(volume.array, path.name)
+        except InvalidSubmissionError as exc:  # the hooks name the file; the case is named here, once
+            raise InvalidSubmissionError([f"case {case.case_id!r}: {p}" for p in exc.problems]) from None
         return volume
 
     def read_ground_truth(self, case_id: str, path: Path) -> Volume:

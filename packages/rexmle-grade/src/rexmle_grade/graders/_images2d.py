@@ -14,7 +14,7 @@ import numpy as np
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import CaseInput, Grader, TestManifest, read_answers, write_submission_csv
-from rexmle_grade.io import check_labels, read_image_2d, read_json
+from rexmle_grade.io import PIL_FORMATS, check_labels, full_suffix, read_image_2d, read_json
 from rexmle_grade.schema import FileColumn, SubmissionSchema
 
 
@@ -46,7 +46,7 @@ def read_gray8_prediction(case: CaseInput, column: FileColumn, *, allowed: Itera
     path = case.prediction_path(column)
     what = f"{column.name} of {case.case_id!r}"
     try:
-        with Image.open(path) as img:
+        with Image.open(path, formats=PIL_FORMATS.get(full_suffix(path))) as img:
             mode = img.mode
     except (OSError, ValueError, Image.DecompressionBombError) as exc:  # OSError covers unidentified images
         raise InvalidSubmissionError(f"{what} {path.name!r} cannot be read as an image: {exc}") from None
@@ -162,11 +162,17 @@ def is_finite_number(value: Any) -> bool:
         return False
 
 
+def enough_problems(problems: Sequence[str]) -> bool:
+    """True once one file has more problems than :func:`raise_problems` lists: stop checking it, so that a document
+    of millions of wrong entries costs a few messages, not millions."""
+    return len(problems) > MAX_LISTED_PER_FILE
+
+
 def raise_problems(problems: Sequence[str], what: str) -> None:
     """Raise the problems found in one file (the first :data:`MAX_LISTED_PER_FILE` of them), if any."""
     if problems:
-        more = len(problems) - MAX_LISTED_PER_FILE
-        extra = [f"... and {more} more problems in {what}"] if more > 0 else []
+        extra = ([f"... and more problems in {what} (checking stopped after {MAX_LISTED_PER_FILE})"]
+                 if enough_problems(problems) else [])
         raise InvalidSubmissionError([*problems[:MAX_LISTED_PER_FILE], *extra])
 
 

@@ -22,6 +22,7 @@ AP75 = stats[2], AR = stats[8]; each ``*_mean`` is the plain mean over the three
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -29,7 +30,13 @@ from typing import Any
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, read_answers, register_grader
-from rexmle_grade.graders._images2d import gold_cases, is_finite_number, raise_problems, write_file_submission
+from rexmle_grade.graders._images2d import (
+    enough_problems,
+    gold_cases,
+    is_finite_number,
+    raise_problems,
+    write_file_submission,
+)
 from rexmle_grade.io import read_json
 from rexmle_grade.metrics.coco import CocoBoxScores, DetectedBox, GroundTruthBox, coco_box_scores
 from rexmle_grade.schema import FileColumn, FileKind, SubmissionSchema
@@ -63,6 +70,8 @@ def parse_boxes(data: Any, what: str) -> list[tuple[float, float, float, float, 
     problems: list[str] = []
     boxes = []
     for k, box in enumerate(data):
+        if enough_problems(problems):
+            break
         where = f"{what} [{k}]"
         if not isinstance(box, dict):
             problems.append(f"{where} is a {type(box).__name__}; expected an object")
@@ -73,16 +82,16 @@ def parse_boxes(data: Any, what: str) -> list[tuple[float, float, float, float, 
             continue
         bbox = box["bbox"]
         if not (isinstance(bbox, list) and len(bbox) == 4 and all(is_finite_number(v) for v in bbox)):
-            problems.append(f"{where} 'bbox' is {bbox!r}; expected [x, y, w, h] (4 finite numbers)")
+            problems.append(f"{where} 'bbox' is {reprlib.repr(bbox)}; expected [x, y, w, h] (4 finite numbers)")
         elif bbox[2] < 0 or bbox[3] < 0:
             problems.append(f"{where} 'bbox' {bbox!r} has a negative width or height; boxes are [x, y, w, h]")
         for label_set in LABEL_SETS:
             value = box[label_set.key]
             if not _is_id(value, label_set.n_ids):
-                problems.append(f"{where} '{label_set.key}' is {value!r}; expected an integer 0..{label_set.n_ids - 1}"
-                                f" ({label_set.meaning})")
+                problems.append(f"{where} '{label_set.key}' is {reprlib.repr(value)}; expected an integer "
+                                f"0..{label_set.n_ids - 1} ({label_set.meaning})")
         if not is_finite_number(box["score"]):
-            problems.append(f"{where} 'score' is {box['score']!r}; expected a finite number")
+            problems.append(f"{where} 'score' is {reprlib.repr(box['score'])}; expected a finite number")
         if not problems:
             boxes.append((*(float(v) for v in bbox), *(box[s.key] for s in LABEL_SETS), float(box["score"])))
     raise_problems(problems, what)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ import numpy as np
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, register_grader
 from rexmle_grade.graders._images2d import (
+    enough_problems,
     gold_cases,
     is_finite_number,
     manifest_image_size,
@@ -204,15 +206,17 @@ def parse_multiple_polygons(data: Any, what: str) -> list[Nucleus]:
     problems: list[str] = []
     nuclei: list[Nucleus] = []
     for k, polygon in enumerate(data["polygons"]):
+        if enough_problems(problems):
+            break
         where = f"{what} polygons[{k}]"
         if not isinstance(polygon, dict):
             problems.append(f"{where} is a {type(polygon).__name__}; expected an object with name and path_points")
             continue
         name, points, score = polygon.get("name"), polygon.get("path_points"), polygon.get("score", 1)
         if not isinstance(name, str):
-            problems.append(f"{where} 'name' is {name!r}; expected a class-name string")
+            problems.append(f"{where} 'name' is {reprlib.repr(name)}; expected a class-name string")
         if not is_finite_number(score):
-            problems.append(f"{where} 'score' is {score!r}; expected a finite number (or leave it out)")
+            problems.append(f"{where} 'score' is {reprlib.repr(score)}; expected a finite number (or leave it out)")
         if not isinstance(points, list) or not all(
             isinstance(p, list) and len(p) in (2, 3) and all(is_finite_number(v) for v in p) for p in points
         ):

@@ -63,7 +63,7 @@ from rexmle_grade.graders._vessels import (
     mask_column,
     modality_schema,
 )
-from rexmle_grade.io import MAX_JSON_BYTES, Geometry, check_file_size, full_suffix, read_json
+from rexmle_grade.io import Geometry, check_file_size, full_suffix, read_json
 from rexmle_grade.metrics.boxes import BoxSlices, VoxelBox, boundary_iou, box_iou, crop_slices_zyx, parse_roi_txt
 from rexmle_grade.metrics.classification import balanced_accuracy
 from rexmle_grade.metrics.detection import Detection
@@ -369,11 +369,14 @@ def parse_edges(data: Any, where: str) -> EdgeLists:
     return edges
 
 
+MAX_YAML_BYTES = 64 * 1024  # an edge list takes a few hundred bytes; PyYAML parses about 2 MB per second
+
+
 def read_edge_document(path: Path, where: str) -> Any:
     """JSON, or YAML for ``.yml``/``.yaml`` files (safe loader, size-limited)."""
     if full_suffix(path) == ".json":
         return read_json(path, what=where)
-    check_file_size(path, MAX_JSON_BYTES, what=where)
+    check_file_size(path, MAX_YAML_BYTES, what=where)
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
