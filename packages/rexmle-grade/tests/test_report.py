@@ -36,3 +36,20 @@ def test_totals_count_invalid_as_zero_percentile(tmp_path: Path) -> None:
     again = GradingReport.read(path)
     assert again == report
     assert again.schema_version == 1 and "rexmle-grade" in again.rexmle_versions
+
+
+def test_missing_submission_counts_as_zero_percentile(tmp_path: Path) -> None:
+    from rexmle_grade.evaluate import evaluate_submission
+    from rexmle_grade.grader import Direction
+    from rexmle_grade.ranking import Leaderboard
+    from rexmle_grade.targets import GradingTarget
+
+    lb = tmp_path / "lb.csv"
+    lb.write_text("rank,team,mean_position,dice,dice_position\n1,A,1,0.9,1\n")
+    board = Leaderboard.from_csv(lb, {"dice": Direction.HIGHER_BETTER}, version="1")
+    target = GradingTarget(task_id="isles22", task_version="1", grader_id="isles22", public_dir=tmp_path,
+                           private_dir=tmp_path, leaderboard=board)
+    missing = evaluate_submission(target, tmp_path / "absent")
+    assert missing.status == "missing" and missing.leaderboard_rows == 1
+    report = GradingReport.build([missing, entry("b", valid=True, percentile=1.0, medal="gold")])
+    assert report.totals.mean_percentile == pytest.approx(0.5)

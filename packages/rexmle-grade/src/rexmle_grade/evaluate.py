@@ -19,9 +19,13 @@ def evaluate_submission(target: GradingTarget, submission_dir: str | Path, *, wo
     """Validate, grade and rank ``submission_dir`` for ``target``; bad input gives an invalid entry, not an error."""
     submission_dir = Path(submission_dir)
     grader = get_grader(target.grader_id)
+    board = target.leaderboard
+    # leaderboard facts are set whatever the outcome, so that totals count a missing/invalid submission as 0
     common = dict(task_id=target.task_id, task_version=target.task_version, grader_id=grader.grader_id,
                   task_type=target.task_type, dim=target.dim, submission_path=str(submission_dir),
-                  conventions=list(grader.conventions), labels=dict(labels or {}))
+                  conventions=list(grader.conventions), labels=dict(labels or {}),
+                  leaderboard_version=None if board is None else (board.version or target.task_version),
+                  leaderboard_rows=None if board is None else board.n_rows)
     if not submission_dir.is_dir():
         return ReportEntry(**common, submission_exists=False, valid_submission=False, status="missing",
                            problems=[f"submission folder {str(submission_dir)!r} does not exist"])
@@ -30,12 +34,10 @@ def evaluate_submission(target: GradingTarget, submission_dir: str | Path, *, wo
     entry = ReportEntry(**common, submission_exists=True, valid_submission=result.valid, status=result.status,
                         problems=result.problems, error=result.error, metrics=result.metrics,
                         per_case=result.per_case, seconds=result.seconds)
-    board = target.leaderboard
     if board is None or not result.valid:
         return entry
     ranked = rank_submission(board, {m: _num(result.metrics.get(m)) for m in board.metrics})
     return entry.model_copy(update=dict(
-        leaderboard_version=board.version or target.task_version, leaderboard_rows=board.n_rows,
         positions=ranked.positions, score=ranked.mean_position, percentile=ranked.percentile,
         inserted_rank=ranked.inserted_rank, gold_threshold=ranked.thresholds["gold"],
         silver_threshold=ranked.thresholds["silver"], bronze_threshold=ranked.thresholds["bronze"],

@@ -126,6 +126,7 @@ def totals(entries: Iterable[ReportEntry]) -> Totals:
     entries = list(entries)
     n = len(entries)
     valid = [e for e in entries if e.valid_submission]
+    # every entry of a task with a leaderboard counts; a missing or invalid submission counts as percentile 0
     pct_all = [e.percentile if (e.valid_submission and e.percentile is not None) else 0.0 for e in entries
                if e.leaderboard_rows]
     pct_valid = [e.percentile for e in valid if e.percentile is not None]
