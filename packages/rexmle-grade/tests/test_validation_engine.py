@@ -222,3 +222,15 @@ def test_grader_bug_is_reported_apart(task: tuple[Path, Path], tmp_path: Path) -
     result = grade_submission(Buggy(), sub, public, private)
     assert result.status == "grader_error" and "ZeroDivisionError" in (result.error or "")
     assert not result.problems
+
+
+def test_markdown_tables_escape_pipes() -> None:
+    from dataclasses import replace
+
+    grader = ToyGrader()
+    grader.metrics = (replace(grader.metrics[0], description="|a - b| summed"),)
+    row = next(line for line in grader.describe_metrics_markdown().splitlines() if "agreement" in line)
+    assert row.count("|") - row.count("\\|") == 5  # the table's own separators only
+    schema = SubmissionSchema("case_id", (ValueColumn("value", float, "|x| of it"),))
+    row = next(line for line in schema.to_markdown([]).splitlines() if line.startswith("| `value`"))
+    assert "\\|x\\|" in row

@@ -170,7 +170,8 @@ class Grader(ABC):
         lines = ["| metric | better | ranked | definition |", "|---|---|---|---|"]
         for m in self.metrics:
             better = "higher" if m.direction is Direction.HIGHER_BETTER else "lower"
-            lines.append(f"| `{m.name}` | {better} | {'yes' if m.ranked else 'no'} | {m.description} |")
+            definition = m.description.replace("|", "\\|")  # a literal | would end the table cell
+            lines.append(f"| `{m.name}` | {better} | {'yes' if m.ranked else 'no'} | {definition} |")
         return "\n".join(lines)
 
 

@@ -107,13 +107,13 @@ class SubmissionSchema:
                     extra = f" Allowed values: {', '.join(map(str, col.labels))}."
                 if col.match_geometry and col.kind.is_image:
                     extra += " Same size (and, for 3-D, spacing, origin and direction) as the test image."
-                lines.append(
-                    f"| `{col.name}` | relative path of a {col.kind.value.replace('_', ' ')} file ({accepted}), "
-                    f"e.g. `{col.path_template}`. {col.description}{extra} |"
-                )
+                cell = (f"relative path of a {col.kind.value.replace('_', ' ')} file ({accepted}), "
+                        f"e.g. `{col.path_template}`. {col.description}{extra}")
             else:
                 choices = f" One of: {', '.join(f'`{c}`' for c in col.choices)}." if col.choices else ""
-                lines.append(f"| `{col.name}` | {col.dtype.__name__} value. {col.description}{choices} |")
+                cell = f"{col.dtype.__name__} value. {col.description}{choices}"
+            escaped = cell.replace("|", "\\|")  # a literal | would end the table cell
+            lines.append(f"| `{col.name}` | {escaped} |")
         if example_ids:
             lines += ["", "Example (first rows):", "", "```csv", ",".join(self.column_names)]
             for case_id in example_ids[:3]:
