@@ -10,6 +10,9 @@
 * with ``deep=True`` every prediction file is read and checked by the grader (decodable, geometry equal to the
   test image's, integer labels from the allowed set, no NaN/inf, JSON structure).
 
+Harmless formatting is accepted: a UTF-8 byte-order mark, CRLF line ends, quoted fields, any column order, blank
+lines, and whitespace around cells (cells are stripped, so ``" c1 "`` is the id ``c1``).
+
 What is an error (documented choice): anything above. Nothing is repaired: no resampling, no label remapping,
 no guessing of box formats. Private labels are never read.
 """
