@@ -149,6 +149,41 @@ def write_png(path: Path, array: np.ndarray) -> None:
     Image.fromarray(np.ascontiguousarray(array)).save(path)
 
 
+class ImageAnswerGrader(Grader):
+    """A grader whose one prediction column holds an image in the format of its answer images: the gold submission
+    rewrites each answer image, the sample one a blank image of the test image's size.
+
+    Subclasses set :attr:`write_image` (``staticmethod(write_tiff)`` or ``staticmethod(write_png)``), the answer
+    column and the blank image; ``column`` is the prediction column, set in ``__init__`` with ``schema``.
+    """
+
+    column: FileColumn
+    write_image: Callable[[Path, np.ndarray], None]
+    answer_image_column: str
+    answer_gray: bool = False  # answers in any PIL mode, compared as 8-bit grayscale
+    gold_dtype: type[np.integer] | None = None  # when the submission format needs another dtype than the answer's
+    blank_dtype: type[np.integer] = np.uint8
+    blank_value: int = 0
+
+    def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
+        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
+
+        def answer(case_id: str, path: Path) -> None:
+            image = read_answer_image(cases[case_id], self.answer_image_column, gray=self.answer_gray)
+            self.write_image(path, image if self.gold_dtype is None else image.astype(self.gold_dtype))
+
+        write_file_submission(dest, self.schema, self.column, cases, answer)
+
+    def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
+        manifest = TestManifest.read(public_dir)
+
+        def blank(case_id: str, path: Path) -> None:
+            width, height = manifest_image_size(manifest, case_id)
+            self.write_image(path, np.full((height, width), self.blank_value, dtype=self.blank_dtype))
+
+        write_file_submission(dest, self.schema, self.column, manifest.ids, blank)
+
+
 MAX_LISTED_PER_FILE = 20
 
 

@@ -25,15 +25,13 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import InvalidSubmissionError
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
 from rexmle_grade.graders._images2d import (
-    gold_cases,
-    manifest_image_size,
+    ImageAnswerGrader,
     mean_over_cases,
     read_answer_image,
     read_prediction_image,
     require_same_shape,
-    write_file_submission,
     write_tiff,
 )
 from rexmle_grade.metrics.instances import CELLSEG_THRESHOLDS, cellseg_match_counts
@@ -46,10 +44,13 @@ def _metric_name(threshold: float) -> str:
     return f"f1_{threshold}"
 
 
-class CellSegGrader(Grader):
+class CellSegGrader(ImageAnswerGrader):
     grader_id = "neurips-cellseg"
     title = "NeurIPS 2022 Cell Segmentation: instance F1 at IoU thresholds 0.5-0.9"
     answer_columns = ("label_path",)
+    answer_image_column = "label_path"
+    write_image = staticmethod(write_tiff)
+    blank_dtype = np.uint16
     reference = ("JunMa11/NeurIPS-CellSeg baseline/compute_metric.py @ 3128e9605f3e079d22f9084e25ea62561688184b "
                  "(multi-threshold version)")
     conventions = (
@@ -104,20 +105,6 @@ class CellSegGrader(Grader):
 
     def aggregate(self, cases: Sequence[Mapping[str, Any]], private_dir: Path) -> dict[str, float]:
         return mean_over_cases(cases, (m.name for m in self.metrics))
-
-    def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
-        write_file_submission(dest, self.schema, self.column, cases,
-                              lambda i, path: write_tiff(path, read_answer_image(cases[i], "label_path")))
-
-    def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
-        manifest = TestManifest.read(public_dir)
-
-        def empty(case_id: str, path: Path) -> None:
-            width, height = manifest_image_size(manifest, case_id)
-            write_tiff(path, np.zeros((height, width), dtype=np.uint16))
-
-        write_file_submission(dest, self.schema, self.column, manifest.ids, empty)
 
 
 @register_grader("neurips-cellseg")

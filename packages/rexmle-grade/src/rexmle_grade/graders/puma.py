@@ -44,10 +44,10 @@ import numpy as np
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, register_grader
 from rexmle_grade.graders._images2d import (
+    ImageAnswerGrader,
     enough_problems,
     gold_cases,
     is_finite_number,
-    manifest_image_size,
     raise_problems,
     read_answer_image,
     read_answer_json,
@@ -104,8 +104,10 @@ def _tissue_metric_name(value: int) -> str:
     return "dice_" + TISSUE_CLASSES[value].removeprefix("tissue_")
 
 
-class PumaTissueGrader(Grader):
+class PumaTissueGrader(ImageAnswerGrader):
     answer_columns = ("label_path",)
+    answer_image_column = "label_path"
+    write_image = staticmethod(write_tiff)
     reference = PUMA_REFERENCE
     conventions = (
         "Dice is pooled over all test ROIs per class (micro Dice) and averaged over the 5 tissue classes; "
@@ -162,20 +164,6 @@ class PumaTissueGrader(Grader):
         per_class = {_tissue_metric_name(v): tissue_micro_dice(int(i), int(s))
                      for v, i, s in zip(SCORED_TISSUE_VALUES, intersection, size_sum, strict=True)}
         return {"dice": float(np.mean(list(per_class.values()))), **per_class}
-
-    def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
-        write_file_submission(dest, self.schema, self.column, cases,
-                              lambda i, path: write_tiff(path, read_answer_image(cases[i], "label_path")))
-
-    def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
-        manifest = TestManifest.read(public_dir)
-
-        def background(case_id: str, path: Path) -> None:
-            width, height = manifest_image_size(manifest, case_id)
-            write_tiff(path, np.zeros((height, width), dtype=np.uint8))
-
-        write_file_submission(dest, self.schema, self.column, manifest.ids, background)
 
 
 @register_grader("puma-track1-task1")

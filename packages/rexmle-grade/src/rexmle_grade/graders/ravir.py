@@ -23,15 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
 from rexmle_grade.graders._images2d import (
-    gold_cases,
-    manifest_image_size,
+    ImageAnswerGrader,
     mean_over_cases,
     read_answer_image,
     read_gray8_prediction,
     require_same_shape,
-    write_file_submission,
     write_png,
 )
 from rexmle_grade.metrics.overlap import dice, iou
@@ -42,10 +40,13 @@ CLASSES = (("artery", ARTERY), ("vein", VEIN))
 EMPTY_CLASS_SCORE = 1.0
 
 
-class RavirGrader(Grader):
+class RavirGrader(ImageAnswerGrader):
     grader_id = "ravir"
     title = "RAVIR 2022: retinal artery/vein segmentation, mean Dice"
     answer_columns = ("label_path",)
+    answer_image_column = "label_path"
+    write_image = staticmethod(write_png)
+    gold_dtype = np.uint8
     reference = ("RAVIR challenge page (ravir.grand-challenge.org) and Hatamizadeh et al., IEEE JBHI 2022; "
                  "the evaluation container is not public")
     conventions = (
@@ -93,21 +94,6 @@ class RavirGrader(Grader):
 
     def aggregate(self, cases: Sequence[Mapping[str, Any]], private_dir: Path) -> dict[str, float]:
         return mean_over_cases(cases, (m.name for m in self.metrics))
-
-    def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
-        write_file_submission(dest, self.schema, self.column, cases,
-                              lambda i, path: write_png(path, read_answer_image(cases[i], "label_path")
-                                                        .astype(np.uint8)))
-
-    def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
-        manifest = TestManifest.read(public_dir)
-
-        def background(case_id: str, path: Path) -> None:
-            width, height = manifest_image_size(manifest, case_id)
-            write_png(path, np.zeros((height, width), dtype=np.uint8))
-
-        write_file_submission(dest, self.schema, self.column, manifest.ids, background)
 
 
 @register_grader("ravir")

@@ -23,15 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
 from rexmle_grade.graders._images2d import (
-    gold_cases,
-    manifest_image_size,
+    ImageAnswerGrader,
     mean_over_cases,
     read_answer_image,
     read_gray8_prediction,
     require_same_shape,
-    write_file_submission,
     write_png,
 )
 from rexmle_grade.metrics.image_quality import LNCC_WINDOW, PSNR_CAP_DB, lncc, psnr, ssim
@@ -40,10 +38,14 @@ from rexmle_grade.schema import FileColumn, FileKind, SubmissionSchema
 SAMPLE_GRAY = 128
 
 
-class UsenhanceGrader(Grader):
+class UsenhanceGrader(ImageAnswerGrader):
     grader_id = "usenhance"
     title = "USenhance 2023: ultrasound image enhancement (LNCC, SSIM, PSNR)"
     answer_columns = ("high_quality_path",)
+    answer_image_column = "high_quality_path"
+    answer_gray = True
+    write_image = staticmethod(write_png)
+    blank_value = SAMPLE_GRAY
     reference = ("no official evaluation code is public; definitions of the ReX-MLE release grader "
                  "rajpurkarlab/ReX-MLE @ 477c834037be7e7acb5bdc612b5f1cf140d01e6f rex-mle/rexmle/challenges/usenhance/"
                  "grade.py (unverified against the human leaderboard)")
@@ -92,21 +94,6 @@ class UsenhanceGrader(Grader):
 
     def aggregate(self, cases: Sequence[Mapping[str, Any]], private_dir: Path) -> dict[str, float]:
         return mean_over_cases(cases, ("lncc", "ssim", "psnr"))
-
-    def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
-        write_file_submission(dest, self.schema, self.column, cases,
-                              lambda i, path: write_png(path, read_answer_image(cases[i], "high_quality_path",
-                                                                                gray=True)))
-
-    def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
-        manifest = TestManifest.read(public_dir)
-
-        def flat(case_id: str, path: Path) -> None:
-            width, height = manifest_image_size(manifest, case_id)
-            write_png(path, np.full((height, width), SAMPLE_GRAY, dtype=np.uint8))
-
-        write_file_submission(dest, self.schema, self.column, manifest.ids, flat)
 
 
 @register_grader("usenhance")

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import colorsys
 import json
-from functools import partial
 from pathlib import Path
 
-from rexmle_grade.errors import ConfigurationError, UserInputError
+from rexmle_grade.errors import ConfigurationError
 from rexmle_grade.grader import TestManifest
 from rexmle_grade.graders.topbrain import valid_neighbours
 from rexmle_grade.io import write_volume
-from rexmle_tasks.base import PrepareContext, TaskFamily, register_family
-from rexmle_tasks.families.synth3d import write_archive
+from rexmle_tasks.base import PrepareContext, register_family
 from rexmle_tasks.families.vessels import (
     CT_ANGIOGRAPHY,
     IMAGE_SUFFIX,
@@ -41,9 +39,9 @@ from rexmle_tasks.families.vessels import (
     TOPBRAIN_LABEL_NAMES,
     FrameSpec,
     ReleaseCase,
+    VesselReleaseFamily,
     find_release_root,
     make_patient,
-    patient_number,
     publish,
     render_vessels,
     rng_for,
@@ -86,51 +84,6 @@ def labels_folder(modality: str) -> str:
     return f"labelsTr_topbrain_{modality}"
 
 
-@register_family
-class TopBrainFamily(TaskFamily):
-    name = "topbrain"
-
-    def __init__(self, meta: TaskMetadata) -> None:
-        super().__init__(meta)
-        self.modality = str(self.options.get("modality"))
-        if self.modality not in MODALITIES:
-            raise ConfigurationError(f"task {meta.id!r}: the TopBrain option modality must be one of "
-                                     f"{list(MODALITIES)}, got {self.options.get('modality')!r}",
-                                     hint="fix options in its task.yaml")
-
-    # ---- raw data ---------------------------------------------------------------------------------------------
-    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
-        if not 1 <= cases <= len(PATIENT_IDS):
-            raise UserInputError(f"TopBrain has {len(PATIENT_IDS)} cases per modality; cannot mirror {cases}",
-                                 hint=f"choose --cases between 1 and {len(PATIENT_IDS)}")
-        write_archive(downloads / ARCHIVE, partial(write_release, patients=PATIENT_IDS[:cases], seed=seed))
-
-    def case_ids(self, raw: Path) -> list[str]:
-        return sorted(self.release_cases(raw))
-
-    def split_group(self, case_id: str) -> str:
-        return patient_number(case_id)
-
-    def release_cases(self, raw: Path) -> dict[str, ReleaseCase]:
-        """This modality's images that have a label map."""
-        images, labels = images_folder(self.modality), labels_folder(self.modality)
-        root = find_release_root(raw, TOP_FOLDER, (images, labels))
-        cases = {}
-        for image in sorted((root / images).glob(f"*{IMAGE_SUFFIX}")):
-            case_id = image.name[: -len(IMAGE_SUFFIX)]
-            label = root / labels / f"{case_id}{LABEL.suffix}"
-            if label.is_file():
-                cases[case_id] = ReleaseCase(image=image, annotations={LABEL.kind: label})
-        return cases
-
-    # ---- preparation ------------------------------------------------------------------------------------------
-    def prepare(self, ctx: PrepareContext) -> TestManifest:
-        manifest = publish(ctx, self.release_cases(ctx.raw), (LABEL,))
-        table = {str(label): sorted(allowed) for label, allowed in sorted(valid_neighbours(self.modality).items())}
-        (ctx.public / VALID_NEIGHBOURS).write_text(json.dumps(table, indent=1) + "\n")
-        return manifest
-
-
 def itksnap_label_description(names: dict[int, str]) -> str:
     """An ITK-SNAP label description file (index, RGB, opacity, visibility, mesh visibility, quoted name)."""
     lines = [
@@ -170,3 +123,41 @@ def write_release(folder: Path, *, patients: tuple[str, ...], seed: int) -> None
             write_volume(top / images_folder(modality) / f"{case_id}{IMAGE_SUFFIX}",
                          synthesize_image(rendering, frame, CONTRASTS[modality], rng), geometry)
             write_volume(top / labels_folder(modality) / f"{case_id}{LABEL.suffix}", rendering.labels, geometry)
+
+
+@register_family
+class TopBrainFamily(VesselReleaseFamily):
+    name = "topbrain"
+    competition = "TopBrain"
+    archive = ARCHIVE
+    patient_ids = PATIENT_IDS
+    patients_counted_as = "cases per modality"
+    release_writer = staticmethod(write_release)
+
+    def __init__(self, meta: TaskMetadata) -> None:
+        super().__init__(meta)
+        self.modality = str(self.options.get("modality"))
+        if self.modality not in MODALITIES:
+            raise ConfigurationError(f"task {meta.id!r}: the TopBrain option modality must be one of "
+                                     f"{list(MODALITIES)}, got {self.options.get('modality')!r}",
+                                     hint="fix options in its task.yaml")
+
+    # ---- raw data ---------------------------------------------------------------------------------------------
+    def release_cases(self, raw: Path) -> dict[str, ReleaseCase]:
+        """This modality's images that have a label map."""
+        images, labels = images_folder(self.modality), labels_folder(self.modality)
+        root = find_release_root(raw, TOP_FOLDER, (images, labels))
+        cases = {}
+        for image in sorted((root / images).glob(f"*{IMAGE_SUFFIX}")):
+            case_id = image.name[: -len(IMAGE_SUFFIX)]
+            label = root / labels / f"{case_id}{LABEL.suffix}"
+            if label.is_file():
+                cases[case_id] = ReleaseCase(image=image, annotations={LABEL.kind: label})
+        return cases
+
+    # ---- preparation ------------------------------------------------------------------------------------------
+    def prepare(self, ctx: PrepareContext) -> TestManifest:
+        manifest = publish(ctx, self.release_cases(ctx.raw), (LABEL,))
+        table = {str(label): sorted(allowed) for label, allowed in sorted(valid_neighbours(self.modality).items())}
+        (ctx.public / VALID_NEIGHBOURS).write_text(json.dumps(table, indent=1) + "\n")
+        return manifest

@@ -24,14 +24,12 @@ Prepared layout (every task gets all training annotations, as the challenge's pa
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
-from rexmle_grade.errors import ConfigurationError, UserInputError
+from rexmle_grade.errors import ConfigurationError
 from rexmle_grade.grader import TestManifest
 from rexmle_grade.io import write_volume
-from rexmle_tasks.base import PrepareContext, TaskFamily, register_family
-from rexmle_tasks.families.synth3d import write_archive
+from rexmle_tasks.base import PrepareContext, register_family
 from rexmle_tasks.families.vessels import (
     CT_ANGIOGRAPHY,
     EDGES,
@@ -43,10 +41,10 @@ from rexmle_tasks.families.vessels import (
     Annotation,
     FrameSpec,
     ReleaseCase,
+    VesselReleaseFamily,
     edges_yaml,
     find_release_root,
     make_patient,
-    patient_number,
     publish,
     render_vessels,
     rng_for,
@@ -84,50 +82,6 @@ commercial use requires permission of the data owner (University Hospital Zurich
 """
 
 
-@register_family
-class TopCowFamily(TaskFamily):
-    name = "topcow"
-
-    def __init__(self, meta: TaskMetadata) -> None:
-        super().__init__(meta)
-        self.modality = str(self.options.get("modality"))
-        self.task = str(self.options.get("task"))
-        if self.modality not in MODALITIES or self.task not in TASK_ANSWERS:
-            raise ConfigurationError(
-                f"task {meta.id!r}: TopCoW options must be modality in {list(MODALITIES)} and task in "
-                f"{list(TASK_ANSWERS)}, got {dict(self.options)}", hint="fix options in its task.yaml")
-        self.answers = TASK_ANSWERS[self.task]
-
-    # ---- raw data ---------------------------------------------------------------------------------------------
-    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
-        if not 1 <= cases <= len(PATIENT_IDS):
-            raise UserInputError(f"TopCoW has {len(PATIENT_IDS)} patients; cannot mirror {cases}",
-                                 hint=f"choose --cases between 1 and {len(PATIENT_IDS)}")
-        write_archive(downloads / ARCHIVE, partial(write_release, patients=PATIENT_IDS[:cases], seed=seed))
-
-    def case_ids(self, raw: Path) -> list[str]:
-        return sorted(self.release_cases(raw))
-
-    def split_group(self, case_id: str) -> str:
-        return patient_number(case_id)
-
-    def release_cases(self, raw: Path) -> dict[str, ReleaseCase]:
-        """This modality's cases that carry the annotations the task is scored on, with all their annotations."""
-        root = find_release_root(raw, TOP_FOLDER, (IMAGES, *(RELEASE_FOLDERS[a.kind] for a in self.answers)))
-        cases = {}
-        for image in sorted((root / IMAGES).glob(f"topcow_{self.modality}_*{IMAGE_SUFFIX}")):
-            case_id = image.name[: -len(IMAGE_SUFFIX)]
-            found = {a.kind: root / RELEASE_FOLDERS[a.kind] / f"{case_id}{a.suffix}" for a in (LABEL, ROI, EDGES)}
-            annotations = {kind: path for kind, path in found.items() if path.is_file()}
-            if all(a.kind in annotations for a in self.answers):
-                cases[case_id] = ReleaseCase(image=image, annotations=annotations)
-        return cases
-
-    # ---- preparation ------------------------------------------------------------------------------------------
-    def prepare(self, ctx: PrepareContext) -> TestManifest:
-        return publish(ctx, self.release_cases(ctx.raw), self.answers)
-
-
 def write_release(folder: Path, *, patients: tuple[str, ...], seed: int) -> None:
     """The synthetic release tree: both modalities of every patient, with labels, ROI txt and edge YAML."""
     top = folder / TOP_FOLDER
@@ -155,3 +109,40 @@ def write_release(folder: Path, *, patients: tuple[str, ...], seed: int) -> None
             (top / RELEASE_FOLDERS[ROI.kind] / f"{case_id}{ROI.suffix}").write_text(
                 roi_text(box, final_newline=bool(rng.random() < 0.7)))
             (top / RELEASE_FOLDERS[EDGES.kind] / f"{case_id}{EDGES.suffix}").write_text(edges)
+
+
+@register_family
+class TopCowFamily(VesselReleaseFamily):
+    name = "topcow"
+    competition = "TopCoW"
+    archive = ARCHIVE
+    patient_ids = PATIENT_IDS
+    patients_counted_as = "patients"
+    release_writer = staticmethod(write_release)
+
+    def __init__(self, meta: TaskMetadata) -> None:
+        super().__init__(meta)
+        self.modality = str(self.options.get("modality"))
+        self.task = str(self.options.get("task"))
+        if self.modality not in MODALITIES or self.task not in TASK_ANSWERS:
+            raise ConfigurationError(
+                f"task {meta.id!r}: TopCoW options must be modality in {list(MODALITIES)} and task in "
+                f"{list(TASK_ANSWERS)}, got {dict(self.options)}", hint="fix options in its task.yaml")
+        self.answers = TASK_ANSWERS[self.task]
+
+    # ---- raw data ---------------------------------------------------------------------------------------------
+    def release_cases(self, raw: Path) -> dict[str, ReleaseCase]:
+        """This modality's cases that carry the annotations the task is scored on, with all their annotations."""
+        root = find_release_root(raw, TOP_FOLDER, (IMAGES, *(RELEASE_FOLDERS[a.kind] for a in self.answers)))
+        cases = {}
+        for image in sorted((root / IMAGES).glob(f"topcow_{self.modality}_*{IMAGE_SUFFIX}")):
+            case_id = image.name[: -len(IMAGE_SUFFIX)]
+            found = {a.kind: root / RELEASE_FOLDERS[a.kind] / f"{case_id}{a.suffix}" for a in (LABEL, ROI, EDGES)}
+            annotations = {kind: path for kind, path in found.items() if path.is_file()}
+            if all(a.kind in annotations for a in self.answers):
+                cases[case_id] = ReleaseCase(image=image, annotations=annotations)
+        return cases
+
+    # ---- preparation ------------------------------------------------------------------------------------------
+    def prepare(self, ctx: PrepareContext) -> TestManifest:
+        return publish(ctx, self.release_cases(ctx.raw), self.answers)

@@ -29,22 +29,25 @@ edge-list YAML states these variants; the ROI box encloses the CoW landmarks of 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from scipy import ndimage
 
-from rexmle_grade.errors import TaskDataMissingError
+from rexmle_grade.errors import TaskDataMissingError, UserInputError
 from rexmle_grade.grader import ANSWERS_CSV, TestManifest
 from rexmle_grade.graders.topcow import EDGE_KEYS
 from rexmle_grade.io import Geometry
 from rexmle_grade.metrics.boxes import VoxelBox
 from rexmle_grade.metrics.topology import skeleton
-from rexmle_tasks.base import PrepareContext
+from rexmle_tasks.base import PrepareContext, TaskFamily
 from rexmle_tasks.families.synth2d import copy_file, write_csv
-from rexmle_tasks.families.synth3d import Grid, image_geometry, render, to_int16
+from rexmle_tasks.families.synth3d import Grid, image_geometry, render, to_int16, write_archive
 
 Point = tuple[float, float, float]
 SIDES = ("R", "L")
@@ -551,6 +554,35 @@ def publish(ctx: PrepareContext, cases: Mapping[str, ReleaseCase], answers: Sequ
 def patient_number(case_id: str) -> str:
     """``topcow_ct_001`` -> ``001``: CT and MR scans with one number belong to one patient."""
     return case_id.rsplit("_", 1)[-1]
+
+
+class VesselReleaseFamily(TaskFamily):
+    """Base of the TopCoW and TopBrain families: one release zip of numbered patients, mirrored synthetically, whose
+    cases are split by patient so that a patient's CT and MR scans never straddle train and test."""
+
+    competition: ClassVar[str]  # as messages name it
+    archive: ClassVar[str]
+    patient_ids: ClassVar[tuple[str, ...]]
+    patients_counted_as: ClassVar[str]  # how the release counts its patients, for the --cases message
+    release_writer: ClassVar[Callable[..., None]]  # (folder, *, patients, seed): the synthetic release tree
+
+    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
+        count = len(self.patient_ids)
+        if not 1 <= cases <= count:
+            raise UserInputError(f"{self.competition} has {count} {self.patients_counted_as}; cannot mirror {cases}",
+                                 hint=f"choose --cases between 1 and {count}")
+        write_archive(downloads / self.archive,
+                      partial(self.release_writer, patients=self.patient_ids[:cases], seed=seed))
+
+    def case_ids(self, raw: Path) -> list[str]:
+        return sorted(self.release_cases(raw))
+
+    def split_group(self, case_id: str) -> str:
+        return patient_number(case_id)
+
+    @abstractmethod
+    def release_cases(self, raw: Path) -> dict[str, ReleaseCase]:
+        """The task's cases in the unpacked release under ``raw``, by case id."""
 
 
 def rng_for(seed: int, *keys: int) -> np.random.Generator:
