@@ -21,7 +21,10 @@ def test_help_lists_contributed_verbs(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_version_lists_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["version"]) == 0
-    assert "rexmle-grade" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for package in ("rexmle-grade", "rexmle-tasks", "rexmle-agents", "rexmle-baselines"):
+        assert f"{package} " in out
+    assert "workspace" not in out  # the development workspace is not a rexmle package
 
 
 def test_unknown_command_names_close_match(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import traceback
-from importlib.metadata import distributions, entry_points
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from rexmle_grade.errors import RexmleError
-from rexmle_grade.settings import DATA_DIR_ENV
+from rexmle_grade.settings import DATA_DIR_ENV, rexmle_versions
 
 ENTRY_POINT_GROUP = "rexmle.commands"
 _STATE: dict[str, Any] = {"verbose": False}
@@ -60,16 +60,8 @@ def _root(
 @app.command("version")
 def version_command() -> None:
     """Print the versions of every installed rexmle package."""
-    rows = sorted(
-        (d.metadata["Name"], d.version)
-        for d in distributions()
-        if (d.metadata["Name"] or "").lower().startswith("rexmle")
-    )
-    seen: set[str] = set()
-    for name, ver in rows:
-        if name.lower() not in seen:
-            seen.add(name.lower())
-            typer.echo(f"{name} {ver}")
+    for name, ver in rexmle_versions().items():
+        typer.echo(f"{name} {ver}")
 
 
 def load_plugins() -> None:

@@ -15,21 +15,14 @@ import datetime as dt
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from importlib.metadata import distributions
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rexmle_grade.settings import rexmle_versions
+
 REPORT_SCHEMA_VERSION = 1
-
-
-def rexmle_versions() -> dict[str, str]:
-    return {
-        d.metadata["Name"]: d.version
-        for d in distributions()
-        if (d.metadata["Name"] or "").lower().startswith("rexmle")
-    }
 
 
 class ReportEntry(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib.metadata import distributions
 from pathlib import Path
 
 import platformdirs
@@ -28,6 +29,17 @@ def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
     if env:
         return Path(env).expanduser().resolve()
     return Path(platformdirs.user_cache_dir("rexmle")) / "data"
+
+
+def rexmle_versions() -> dict[str, str]:
+    """{distribution name: version} of every installed rexmle package: those that plug into rexmle through an
+    entry-point group ``rexmle.*`` (the four packages and any third-party plugin; not the dev workspace)."""
+    found: dict[str, str] = {}
+    for dist in distributions():
+        name = dist.metadata["Name"] or ""
+        if any(ep.group.startswith("rexmle.") for ep in dist.entry_points):
+            found.setdefault(name, dist.version)
+    return dict(sorted(found.items()))
 
 
 @dataclass(frozen=True)
