@@ -234,3 +234,12 @@ def test_markdown_tables_escape_pipes() -> None:
     schema = SubmissionSchema("case_id", (ValueColumn("value", float, "|x| of it"),))
     row = next(line for line in schema.to_markdown([]).splitlines() if line.startswith("| `value`"))
     assert "\\|x\\|" in row
+
+
+def test_manifest_without_geometry_is_a_preparation_error() -> None:
+    from rexmle_grade.errors import TaskDataMissingError
+
+    manifest = TestManifest(ids=("c1", "c2"), geometry={"c1": GEOM})
+    assert manifest.geometry_of("c1") == GEOM
+    with pytest.raises(TaskDataMissingError, match="no image geometry for test case 'c2'"):
+        manifest.geometry_of("c2")

@@ -67,6 +67,14 @@ class TestManifest:
         path.write_text(json.dumps(data, indent=1) + "\n")
         return path
 
+    def geometry_of(self, case_id: str) -> Geometry:
+        """The test image geometry of ``case_id``; a manifest without it means a broken preparation."""
+        geometry = self.geometry.get(case_id)
+        if geometry is None:
+            raise TaskDataMissingError(f"public/{TEST_MANIFEST} has no image geometry for test case {case_id!r}",
+                                       hint="re-run `rexmle prepare TASK --force`")
+        return geometry
+
     @classmethod
     def read(cls, public_dir: Path) -> TestManifest:
         path = public_dir / TEST_MANIFEST
@@ -202,6 +210,18 @@ def read_answers(private_dir: Path, grader: Grader) -> dict[str, dict[str, str]]
     if missing:
         raise TaskDataMissingError(f"{path} lacks columns {missing}; re-run `rexmle prepare TASK --force`")
     return {r[id_col]: r for r in rows}
+
+
+def answer_cases(grader: Grader, private_dir: Path, public_dir: Path) -> list[CaseInput]:
+    """One answer-only :class:`CaseInput` per test id, in manifest order (for writing gold submissions)."""
+    manifest = TestManifest.read(public_dir)
+    answers = read_answers(private_dir, grader)
+    missing = [i for i in manifest.ids if i not in answers]
+    if missing:
+        raise TaskDataMissingError(f"private/{ANSWERS_CSV} has no row for test id(s) {missing[:10]}",
+                                   hint="re-run `rexmle prepare TASK --force`")
+    return [CaseInput(case_id=i, row={}, submission_dir=private_dir, answer=answers[i], private_dir=private_dir,
+                      geometry=manifest.geometry.get(i)) for i in manifest.ids]
 
 
 # ---- registry -------------------------------------------------------------------------------------------

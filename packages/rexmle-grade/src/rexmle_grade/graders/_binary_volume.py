@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import GraderError, InvalidSubmissionError, TaskDataMissingError
-from rexmle_grade.grader import CaseInput, Grader, TestManifest, read_answers, write_submission_csv
+from rexmle_grade.grader import CaseInput, Grader, TestManifest, answer_cases, write_submission_csv
 from rexmle_grade.io import Volume, read_volume, write_volume
 from rexmle_grade.schema import FileColumn
 
@@ -97,10 +97,7 @@ class BinaryVolumeGrader(Grader):
         manifest = TestManifest.read(public_dir)
         rows = []
         for case_id in manifest.ids:
-            geometry = manifest.geometry.get(case_id)
-            if geometry is None:
-                raise TaskDataMissingError(f"{public_dir / 'test_manifest.json'} has no geometry for {case_id!r}",
-                                           hint="re-run `rexmle prepare TASK --force`")
+            geometry = manifest.geometry_of(case_id)
             row = self.schema.example_row(case_id)
             write_volume(dest / row[self.prediction_column.name],
                          np.zeros(geometry.numpy_shape, dtype=np.uint8), geometry)
@@ -109,15 +106,10 @@ class BinaryVolumeGrader(Grader):
 
     def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
         """The ground truth itself, as the masks a perfect participant would submit."""
-        manifest = TestManifest.read(public_dir)
-        answers = read_answers(private_dir, self)
         rows = []
-        for case_id in manifest.ids:
-            if case_id not in answers:
-                raise TaskDataMissingError(f"{private_dir / 'answers.csv'} has no row for test case {case_id!r}",
-                                           hint="re-run `rexmle prepare TASK --force`")
-            truth = self.read_ground_truth(case_id, private_dir / answers[case_id][LABEL_PATH])
-            row = self.schema.example_row(case_id)
+        for case in answer_cases(self, private_dir, public_dir):
+            truth = self.read_ground_truth(case.case_id, case.answer_path(LABEL_PATH))
+            row = self.schema.example_row(case.case_id)
             write_volume(dest / row[self.prediction_column.name],
                          self.gold_mask(truth.array).astype(np.uint8), truth.geometry)
             rows.append(row)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
-from rexmle_grade.grader import CaseInput, Grader, TestManifest, read_answers, write_submission_csv
+from rexmle_grade.grader import CaseInput, Grader, TestManifest, answer_cases, write_submission_csv
 from rexmle_grade.io import PIL_FORMATS, check_labels, full_suffix, read_image_2d, read_json
 from rexmle_grade.schema import FileColumn, SubmissionSchema
 
@@ -104,23 +104,8 @@ def require_same_shape(prediction: np.ndarray, reference: np.ndarray, case: Case
 
 def manifest_image_size(manifest: TestManifest, case_id: str) -> tuple[int, int]:
     """(width, height) of a test image, needed to write a sample prediction image."""
-    geometry = manifest.geometry.get(case_id)
-    if geometry is None:
-        raise TaskDataMissingError(f"the test manifest has no image size for {case_id!r}",
-                                   hint="re-run `rexmle prepare TASK --force`")
-    return int(geometry.size[0]), int(geometry.size[1])
-
-
-def gold_cases(grader: Grader, private_dir: Path, public_dir: Path) -> list[CaseInput]:
-    """One answer-only :class:`CaseInput` per test id, in manifest order (for writing gold submissions)."""
-    manifest = TestManifest.read(public_dir)
-    answers = read_answers(private_dir, grader)
-    missing = [i for i in manifest.ids if i not in answers]
-    if missing:
-        raise TaskDataMissingError(f"private/answers.csv has no row for test id(s) {missing[:10]}",
-                                   hint="re-run `rexmle prepare TASK --force`")
-    return [CaseInput(case_id=i, row={}, submission_dir=private_dir, answer=answers[i], private_dir=private_dir,
-                      geometry=manifest.geometry.get(i)) for i in manifest.ids]
+    width, height = manifest.geometry_of(case_id).size[:2]
+    return int(width), int(height)
 
 
 def write_file_submission(dest: Path, schema: SubmissionSchema, column: FileColumn, case_ids: Iterable[str],
@@ -166,7 +151,7 @@ class ImageAnswerGrader(Grader):
     blank_value: int = 0
 
     def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
+        cases = {c.case_id: c for c in answer_cases(self, private_dir, public_dir)}
 
         def answer(case_id: str, path: Path) -> None:
             image = read_answer_image(cases[case_id], self.answer_image_column, gray=self.answer_gray)

@@ -29,10 +29,18 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, read_answers, register_grader
+from rexmle_grade.grader import (
+    CaseInput,
+    Direction,
+    Grader,
+    MetricSpec,
+    TestManifest,
+    answer_cases,
+    read_answers,
+    register_grader,
+)
 from rexmle_grade.graders._images2d import (
     enough_problems,
-    gold_cases,
     is_finite_number,
     raise_problems,
     write_file_submission,
@@ -218,7 +226,7 @@ class DentexGrader(Grader):
         return {m.name: result[m.name] for m in self.metrics}
 
     def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        case_ids = [c.case_id for c in gold_cases(self, private_dir, public_dir)]
+        case_ids = [c.case_id for c in answer_cases(self, private_dir, public_dir)]
         truth = self._truth(private_dir, case_ids)
         per_image: dict[int, list[dict[str, Any]]] = {}
         for a in truth.annotations:

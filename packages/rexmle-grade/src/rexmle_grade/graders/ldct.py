@@ -25,10 +25,10 @@ from rexmle_grade.grader import (
     Grader,
     MetricSpec,
     TestManifest,
+    answer_cases,
     register_grader,
     write_submission_csv,
 )
-from rexmle_grade.graders._images2d import gold_cases
 from rexmle_grade.metrics.correlation import absolute_correlations
 from rexmle_grade.schema import FileColumn, SubmissionSchema, ValueColumn
 
@@ -86,7 +86,7 @@ class LdctGrader(Grader):
 
     def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
         rows = [{"image_id": c.case_id, self.column.name: c.answer["quality_score"]}
-                for c in gold_cases(self, private_dir, public_dir)]
+                for c in answer_cases(self, private_dir, public_dir)]
         write_submission_csv(dest, self.schema, rows)
 
     def write_sample_submission(self, public_dir: Path, dest: Path) -> None:

@@ -42,11 +42,10 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, answer_cases, register_grader
 from rexmle_grade.graders._images2d import (
     ImageAnswerGrader,
     enough_problems,
-    gold_cases,
     is_finite_number,
     raise_problems,
     read_answer_image,
@@ -304,7 +303,7 @@ class PumaNucleiGrader(Grader):
         return result
 
     def write_gold_submission(self, private_dir: Path, public_dir: Path, dest: Path) -> None:
-        cases = {c.case_id: c for c in gold_cases(self, private_dir, public_dir)}
+        cases = {c.case_id: c for c in answer_cases(self, private_dir, public_dir)}
 
         def copy(case_id: str, path: Path) -> None:
             path.write_text(json.dumps(read_answer_json(cases[case_id], "nuclei_path")))

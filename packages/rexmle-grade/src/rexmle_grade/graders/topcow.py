@@ -51,7 +51,7 @@ from rexmle_grade.grader import (
     Grader,
     MetricSpec,
     TestManifest,
-    read_answers,
+    answer_cases,
     register_grader,
     write_submission_csv,
 )
@@ -332,10 +332,7 @@ class TopCowBoxGrader(Grader):
         manifest = TestManifest.read(public_dir)
         rows = []
         for case_id in manifest.ids:
-            geometry = manifest.geometry.get(case_id)
-            if geometry is None:
-                raise TaskDataMissingError(f"public/test_manifest.json has no geometry for case {case_id!r}",
-                                           hint="re-run `rexmle prepare TASK --force`")
+            geometry = manifest.geometry_of(case_id)
             # the central box of half the image size on each axis
             size = [max(1, n // 2) for n in geometry.size]
             box = {"size": size, "location": [(n - s) // 2 for n, s in zip(geometry.size, size, strict=True)]}
@@ -469,18 +466,6 @@ def _write_json_file(grader: TopCowBoxGrader | TopCowEdgeGrader, column: FileCol
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(content) + "\n")
     return {grader.schema.id_column: case_id, "modality": grader.modality, column.name: relative}
-
-
-def answer_cases(grader: Grader, private_dir: Path, public_dir: Path) -> list[CaseInput]:
-    """One :class:`CaseInput` per test id carrying its private answers (to write gold submissions)."""
-    manifest = TestManifest.read(public_dir)
-    answers = read_answers(private_dir, grader)
-    missing = [case_id for case_id in manifest.ids if case_id not in answers]
-    if missing:
-        raise TaskDataMissingError(f"private/answers.csv has no row for test case(s) {missing}",
-                                   hint="re-run `rexmle prepare TASK --force`")
-    return [CaseInput(case_id=case_id, row={}, submission_dir=private_dir, answer=answers[case_id],
-                      private_dir=private_dir, geometry=manifest.geometry.get(case_id)) for case_id in manifest.ids]
 
 
 def _write_json_submission(grader: TopCowBoxGrader | TopCowEdgeGrader, column: FileColumn, private_dir: Path,
