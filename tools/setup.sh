@@ -15,6 +15,16 @@ for arg in "$@"; do
     *) echo "setup.sh: unknown option '$arg' (expected --dev and/or --torch)" >&2; exit 2 ;;
   esac
 done
+# The default sandbox of agent runs is bubblewrap (Debian's package); install it where we may.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing bubblewrap (the sandbox of agent runs)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null \
+      || echo "warning: could not install bubblewrap; agent runs need it (or --sandbox apptainer|docker)" >&2
+  else
+    echo "warning: bubblewrap is missing: run 'sudo apt-get install -y bubblewrap' before running agents" >&2
+  fi
+fi
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"

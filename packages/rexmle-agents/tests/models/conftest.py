@@ -7,6 +7,8 @@ point the real ``openai`` / ``anthropic`` clients at ``server.url``. Every reque
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -31,6 +33,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     events: Sequence[str] | None = None  # server-sent-event frames, written one by one
     delay_s: float = 0.0  # wait before answering (to trigger client timeouts)
+    reset: bool = False  # after the events, reset the connection (TCP RST) instead of closing it cleanly
 
 
 @dataclass
@@ -69,13 +72,16 @@ class FakeServer:
     def error(self, status: int, message: str = "boom", *, headers: dict[str, str] | None = None) -> None:
         self.json({"error": {"message": message, "type": "test_error"}}, status=status, headers=headers)
 
-    def sse(self, events: Sequence[tuple[str | None, Any]]) -> None:
-        """Queue a stream; each event is (event name or None, data: a JSON-able object or a raw string)."""
+    def sse(self, events: Sequence[tuple[str | None, Any]], *, reset: bool = False) -> None:
+        """Queue a stream; each event is (event name or None, data: a JSON-able object or a raw string).
+
+        ``reset`` ends the stream with a connection reset, as a dropped proxy or network does mid-answer.
+        """
         frames = []
         for name, data in events:
             payload = data if isinstance(data, str) else json.dumps(data)
             frames.append((f"event: {name}\n" if name else "") + f"data: {payload}\n\n")
-        self.replies.append(Reply(content_type="text/event-stream", events=frames))
+        self.replies.append(Reply(content_type="text/event-stream", events=frames, reset=reset))
 
     def take(self) -> Reply:
         with self._lock:
@@ -115,6 +121,11 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 for frame in reply.events:
                     self.wfile.write(frame.encode())
                     self.wfile.flush()
+                if reply.reset:
+                    time.sleep(0.05)  # let the client read the events first, so the reset hits it mid-stream
+                    # linger on with a zero timeout: close() sends RST instead of FIN
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test); nothing to answer
 
@@ -122,6 +133,40 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+class SilentServer:
+    """Accepts connections and reads requests but never answers, like a hung server or a black-holing proxy."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # accept() wakes up now and then to notice stop()
+        self._stopped = threading.Event()
+        self._held: list[socket.socket] = []
+        self.connections = 0
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._listener.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            self._held.append(connection)  # kept open, never written to
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+        self._listener.close()
+        for connection in self._held:
+            connection.close()
 
 
 class Wire:
@@ -363,6 +408,13 @@ def server() -> Iterator[FakeServer]:
 
 
 @pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    silent = SilentServer()
+    yield silent
+    silent.stop()
+
+
+@pytest.fixture
 def fast_retry() -> RetryPolicy:
     return FAST_RETRY
 
@@ -377,5 +429,12 @@ def _no_real_keys(monkeypatch: pytest.MonkeyPatch) -> None:
         "ANTHROPIC_API_KEY",
         "ANTHROPIC_AUTH_TOKEN",
         "ANTHROPIC_BASE_URL",
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+        "AZURE_OPENAI_API_KEY",
+        "AZURE_OPENAI_AD_TOKEN",
+        "AZURE_OPENAI_ENDPOINT",
+        "OPENAI_API_VERSION",
+        "AZURE_OPENAI_API_VERSION",
     ):
         monkeypatch.delenv(name, raising=False)

@@ -13,6 +13,8 @@ def test_list_shows_providers_keys_and_priced_models(capsys, monkeypatch):
     out = capsys.readouterr().out
     for text in ("openai-compatible", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "openai/gpt-5", "claude-haiku-4-5"):
         assert text in out
+    for text in ("GEMINI_API_KEY", "google/gemini-2.5-pro", "AZURE_OPENAI_API_KEY", "AZURE_OPENAI_ENDPOINT"):
+        assert text in out
     assert "│ openai            │ OPENAI_API_KEY            │ yes" in out
 
 

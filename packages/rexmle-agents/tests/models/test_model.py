@@ -176,3 +176,25 @@ def test_retry_after_headers():
     assert 55 < parse_retry_after({"retry-after": in_a_minute}) <= 60
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
+
+
+def test_timeouts_among_other_failures_are_reported_with_their_limit(fast_retry):
+    backend = ScriptedBackend(
+        [
+            TransientModelAPIError("scripted/model: timed out: no answer within 0.2 s", timeout_s=0.2),
+            TransientModelAPIError("scripted/model: HTTP 502"),
+            TransientModelAPIError("scripted/model: timed out: no answer within 0.2 s", timeout_s=0.2),
+        ]
+    )
+    with pytest.raises(ModelAPIError, match=r"timed out: 2 of 3 attempt\(s\) got no answer within 0\.2 s; gave up"):
+        Model(backend, retry=fast_retry).generate("hi")
+
+
+def test_unknown_usage_is_counted_apart_and_costs_nothing_known():
+    unknown = ModelResponse(text="?", usage_known=False)
+    model = Model(ScriptedBackend([reply(), unknown], name="openai/gpt-4o-mini"), ledger=UsageLedger())
+    model.generate("a")
+    assert model.generate("b").cost_usd is None
+    totals = model.ledger.totals()
+    assert (totals.calls, totals.unknown_usage_calls, totals.uncosted_calls) == (2, 1, 1)
+    assert totals.cost_usd == pytest.approx(MINI_CALL_USD)

@@ -95,3 +95,11 @@ def test_stop_sequences_are_refused_before_any_request(model, server):
     with pytest.raises(ConfigurationError, match="no stop sequences"):
         model.generate("hi", config=GenerateConfig(stop=("END",)))
     assert server.requests == []
+
+
+def test_missing_usage_counts_as_unknown(model, server, wire):
+    body = wire.response("fine")
+    body["usage"] = None
+    server.json(body)
+    reply = model.generate("hi")
+    assert reply.text == "fine" and reply.usage_known is False and reply.cost_usd is None

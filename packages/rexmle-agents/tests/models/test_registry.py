@@ -15,6 +15,8 @@ from rexmle_grade.errors import ConfigurationError, UnknownNameError, UserInputE
     [
         ("openai/gpt-5", ModelSpec("openai", "gpt-5")),
         ("anthropic/claude-haiku-4-5", ModelSpec("anthropic", "claude-haiku-4-5")),
+        ("google/gemini-2.5-pro", ModelSpec("google", "gemini-2.5-pro")),
+        ("azure/my-gpt-5", ModelSpec("azure", "my-gpt-5")),
         (
             "openai-compatible/meta-llama/Llama-3.1-8B-Instruct@http://127.0.0.1:8000/v1",
             ModelSpec("openai-compatible", "meta-llama/Llama-3.1-8B-Instruct", "http://127.0.0.1:8000/v1"),
@@ -42,7 +44,13 @@ def test_malformed_model_strings_are_refused(text):
 
 
 @pytest.mark.parametrize(
-    ("model", "variable"), [("openai/gpt-5", "OPENAI_API_KEY"), ("anthropic/claude-haiku-4-5", "ANTHROPIC_API_KEY")]
+    ("model", "variable"),
+    [
+        ("openai/gpt-5", "OPENAI_API_KEY"),
+        ("anthropic/claude-haiku-4-5", "ANTHROPIC_API_KEY"),
+        ("google/gemini-2.5-flash", "GEMINI_API_KEY"),
+        ("azure/my-deployment", "AZURE_OPENAI_API_KEY"),
+    ],
 )
 def test_missing_key_names_the_variable(model, variable):
     with pytest.raises(ConfigurationError, match=f"{variable} is not set") as info:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rexmle_agents.models import GenerateConfig, Message, ReplayBackend, ToolSpec, UsageLedger, get_model
+from rexmle_agents.models.replay import normalised_request, request_key
 from rexmle_grade.errors import ModelAPIError, UserInputError
 
 TOOLS = [ToolSpec(name="run", parameters={"type": "object"})]
@@ -96,3 +97,12 @@ def test_unreadable_cassettes_are_user_errors(tmp_path):
 def test_record_and_replay_exclude_each_other(tmp_path):
     with pytest.raises(UserInputError, match="exclude each other"):
         get_model("openai/gpt-5", record_to=tmp_path / "a", replay_from=tmp_path / "b")
+
+
+def test_cassettes_from_before_usage_known_replay_unchanged(tmp_path):
+    request = normalised_request("openai/gpt-5", [Message.user("hi")], [], GenerateConfig())
+    old_response = {"text": "old", "usage": {"input_tokens": 3, "output_tokens": 1}, "model": "gpt-5"}
+    cassette = tmp_path / "old.jsonl"
+    cassette.write_text(json.dumps({"key": request_key(request), "request": request, "response": old_response}) + "\n")
+    reply = get_model("openai/gpt-5", replay_from=cassette).generate("hi")
+    assert reply.text == "old" and reply.usage_known is True and reply.cost_usd is not None

@@ -1,4 +1,4 @@
-"""Model backends: one small interface to OpenAI, Anthropic and OpenAI-compatible servers.
+"""Model backends: one small interface to OpenAI, Anthropic, Google Gemini, Azure OpenAI and compatible servers.
 
 >>> model = get_model("openai/gpt-5", ledger=UsageLedger(budget=Budget(max_cost_usd=5)))  # doctest: +SKIP
 >>> reply = model.generate([Message.system("..."), Message.user("...")], tools=[...])  # doctest: +SKIP

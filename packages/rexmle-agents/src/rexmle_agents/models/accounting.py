@@ -88,12 +88,18 @@ def _validate_prices(raw: object, where: str) -> PriceTable:
 
 
 class UsageTotals(_Frozen):
-    """Sums over a set of calls. ``cost_usd`` covers the priced calls; ``uncosted_calls`` counts the others."""
+    """Sums over a set of calls.
+
+    ``cost_usd`` covers the calls with a known cost; ``uncosted_calls`` counts the others (an unpriced model, or
+    unknown usage). ``unknown_usage_calls`` counts the calls whose provider reported no usage: ``usage`` and the
+    budgets leave their tokens out, so totals are lower bounds whenever it is not 0.
+    """
 
     calls: int = 0
     usage: Usage = Usage()
     cost_usd: float = 0.0
     uncosted_calls: int = 0
+    unknown_usage_calls: int = 0
     retry_time_s: float = 0.0
 
     def plus(self, response: ModelResponse) -> UsageTotals:
@@ -102,6 +108,7 @@ class UsageTotals(_Frozen):
             usage=self.usage + response.usage,
             cost_usd=self.cost_usd + (response.cost_usd or 0.0),
             uncosted_calls=self.uncosted_calls + (response.cost_usd is None),
+            unknown_usage_calls=self.unknown_usage_calls + (not response.usage_known),
             retry_time_s=self.retry_time_s + response.retry_time_s,
         )
 
@@ -116,6 +123,8 @@ class CallRecord(_Frozen):
     response_id: str | None
     finish_reason: str
     usage: Usage
+    # False: the provider reported no usage, and ``usage`` holds zeros standing for "unknown".
+    usage_known: bool = True
     cost_usd: float | None
     duration_s: float
     retry_time_s: float
@@ -130,7 +139,10 @@ class LedgerSummary(_Frozen):
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits on a run's model use; ``None`` means no limit. Tokens count input plus output."""
+    """Limits on a run's model use; ``None`` means no limit. Tokens count input plus output.
+
+    A call whose usage the provider did not report adds nothing to either count (see ``unknown_usage_calls``).
+    """
 
     max_tokens: int | None = None
     max_cost_usd: float | None = None
@@ -188,6 +200,7 @@ class UsageLedger:
                 response_id=response.id,
                 finish_reason=response.finish_reason,
                 usage=response.usage,
+                usage_known=response.usage_known,
                 cost_usd=response.cost_usd,
                 duration_s=duration_s,
                 retry_time_s=response.retry_time_s,

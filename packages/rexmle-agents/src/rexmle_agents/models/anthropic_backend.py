@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import anthropic
+import httpx2
 from anthropic.types import Message as AnthropicMessage
+from anthropic.types import RawMessageStreamEvent
+from anthropic.types import Usage as AnthropicUsage
 
-from rexmle_agents.models.base import TransientModelAPIError, malformed_response, translating_sdk_errors
+from rexmle_agents.models.base import (
+    TransientModelAPIError,
+    malformed_response,
+    tool_call_from_json,
+    translating_sdk_errors,
+)
 from rexmle_agents.models.types import (
     FINISH_CONTENT_FILTER,
     FINISH_LENGTH,
@@ -72,17 +80,15 @@ class AnthropicBackend:
             request["stop_sequences"] = list(config.stop)
         if config.extra:
             request["extra_body"] = config.extra
-        with translating_sdk_errors(anthropic, self.name, key_env=KEY_ENV, timeout_s=timeout_s):
+        # The SDK wraps its HTTP library's errors while it sends a request but not while it reads a stream's
+        # events (as of anthropic 2.12), so a connection reset mid-stream arrives as httpx2's own ReadError.
+        with translating_sdk_errors(anthropic, self.name, key_env=KEY_ENV, timeout_s=timeout_s, transport=httpx2):
             if config.stream:
-                # The SDK's stream helper assembles text, tool-use input (sent as JSON pieces) and usage.
-                with self._client.messages.stream(**request) as stream:
-                    seen = {event.type for event in stream}
-                    # message_delta brings the stop reason and the final usage: without it the stream broke off
-                    if "message_delta" not in seen:
-                        raise TransientModelAPIError(f"{self.name}: the stream broke off before the model finished")
-                    message = stream.get_final_message()
-            else:
-                message = self._client.messages.create(**request)
+                # Raw events, assembled here: the SDK's stream helper fails with AttributeError on a stream
+                # without usage, which must count as unknown usage instead.
+                with self._client.messages.create(**request, stream=True) as events:
+                    return self._from_events(events)
+            message = self._client.messages.create(**request)
             if not isinstance(message, AnthropicMessage):  # the SDK hands back the text of a non-JSON body
                 raise malformed_response(self.name, f"expected a JSON message, got {str(message)[:200]!r}")
             return self._convert(message)
@@ -90,29 +96,109 @@ class AnthropicBackend:
     def _convert(self, message: AnthropicMessage) -> ModelResponse:
         text = "".join(block.text for block in message.content if block.type == "text")
         calls = tuple(
-            ToolCall(id=block.id, name=block.name, arguments=block.input)
-            if isinstance(block.input, dict)
-            else ToolCall(id=block.id, name=block.name, parse_error=f"tool input is not an object: {block.input!r}")
-            for block in message.content
-            if block.type == "tool_use"
+            _tool_call(block.id, block.name, block.input) for block in message.content if block.type == "tool_use"
         )
-        usage = message.usage
-        read = usage.cache_read_input_tokens or 0
-        write = usage.cache_creation_input_tokens or 0
+        # The SDK builds the message without validation, so a body without ``usage`` arrives with usage None.
+        usage = self._usage(getattr(message, "usage", None))
         return ModelResponse(
             text=text,
             tool_calls=calls,
-            # Anthropic's input_tokens leaves out cache reads and writes; ours counts every prompt token.
-            usage=Usage(
-                input_tokens=(usage.input_tokens or 0) + read + write,
-                output_tokens=usage.output_tokens or 0,
-                cached_input_tokens=read,
-                cache_write_input_tokens=write,
-            ),
+            usage=Usage() if usage is None else usage,
+            usage_known=usage is not None,
             model=message.model or self.model_id,
             finish_reason=_STOP_REASONS.get(message.stop_reason or "end_turn", message.stop_reason or FINISH_STOP),
             id=message.id,
         )
+
+    def _from_events(self, events: Iterable[RawMessageStreamEvent]) -> ModelResponse:
+        """Assemble a streamed message: text deltas, tool-use input (JSON in pieces), stop reason and usage.
+
+        ``message_start`` brings the input counts and ``message_delta`` the final output count (and, from newer
+        servers, final input counts); the usage is known only when both arrived with one.
+        """
+        message_id, model = None, self.model_id
+        text: list[str] = []
+        tools: dict[int, dict[str, Any]] = {}
+        stop_reason: str | None = None
+        start_usage: Any = None
+        final_usage: Any = None
+        for event in events:
+            if event.type == "message_start":
+                message_id = event.message.id or message_id
+                model = event.message.model or model
+                start_usage = getattr(event.message, "usage", None)
+            elif event.type == "content_block_start":
+                block = event.content_block
+                if block.type == "text":
+                    text.append(block.text or "")
+                elif block.type == "tool_use":
+                    tools[event.index] = {"id": block.id, "name": block.name, "json": "", "input": block.input}
+            elif event.type == "content_block_delta":
+                if event.delta.type == "text_delta":
+                    text.append(event.delta.text)
+                elif event.delta.type == "input_json_delta" and event.index in tools:
+                    tools[event.index]["json"] += event.delta.partial_json
+            elif event.type == "message_delta":
+                stop_reason = event.delta.stop_reason or stop_reason
+                final_usage = getattr(event, "usage", None)
+        if stop_reason is None:  # message_delta brings the stop reason: without it the stream broke off
+            raise TransientModelAPIError(f"{self.name}: the stream broke off before the model finished")
+        usage = _stream_usage(start_usage, final_usage)
+        if usage is None:
+            self._usage(None)  # logs the warning
+        calls = tuple(
+            tool_call_from_json(t["id"], t["name"], t["json"])
+            if t["json"].strip()
+            else _tool_call(t["id"], t["name"], t["input"])
+            for _, t in sorted(tools.items())
+        )
+        return ModelResponse(
+            text="".join(text),
+            tool_calls=calls,
+            usage=Usage() if usage is None else usage,
+            usage_known=usage is not None,
+            model=model,
+            finish_reason=_STOP_REASONS.get(stop_reason, stop_reason),
+            id=message_id,
+        )
+
+    def _usage(self, usage: AnthropicUsage | None) -> Usage | None:
+        if usage is None:
+            logger.warning("%s: the response reports no token usage; the call counts as unknown usage", self.name)
+            return None
+        read = usage.cache_read_input_tokens or 0
+        write = usage.cache_creation_input_tokens or 0
+        # Anthropic's input_tokens leaves out cache reads and writes; ours counts every prompt token.
+        return Usage(
+            input_tokens=(usage.input_tokens or 0) + read + write,
+            output_tokens=usage.output_tokens or 0,
+            cached_input_tokens=read,
+            cache_write_input_tokens=write,
+        )
+
+
+def _stream_usage(start: Any, final: Any) -> Usage | None:
+    """Usage from ``message_start``'s counts updated by ``message_delta``'s; None unless both carried usage."""
+    if start is None or final is None:
+        return None
+
+    def latest(field: str) -> int:
+        value = getattr(final, field, None)
+        return (getattr(start, field, None) or 0) if value is None else value
+
+    read, write = latest("cache_read_input_tokens"), latest("cache_creation_input_tokens")
+    return Usage(
+        input_tokens=latest("input_tokens") + read + write,
+        output_tokens=latest("output_tokens"),
+        cached_input_tokens=read,
+        cache_write_input_tokens=write,
+    )
+
+
+def _tool_call(call_id: str, name: str, tool_input: object) -> ToolCall:
+    if isinstance(tool_input, dict):
+        return ToolCall(id=call_id, name=name, arguments=tool_input)
+    return ToolCall(id=call_id, name=name, parse_error=f"tool input is not an object: {tool_input!r}")
 
 
 def _anthropic_turns(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:

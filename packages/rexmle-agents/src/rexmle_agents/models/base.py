@@ -42,12 +42,21 @@ RETRYABLE_STATUS = frozenset({408, 409, 429})
 class TransientModelAPIError(ModelAPIError):
     """A failure that may succeed when tried again (rate limit, timeout, 5xx, dropped connection).
 
-    ``retry_after_s`` is the wait the server asked for, if it said. :class:`Model` retries these; a backend used on
-    its own surfaces them like any :class:`ModelAPIError`.
+    ``retry_after_s`` is the wait the server asked for, if it said; ``timeout_s`` is set when the attempt timed out
+    (no answer within that many seconds). :class:`Model` retries these; a backend used on its own surfaces them
+    like any :class:`ModelAPIError`.
     """
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        timeout_s: float | None = None,
+        hint: str | None = None,
+    ) -> None:
         self.retry_after_s = retry_after_s
+        self.timeout_s = timeout_s
         super().__init__(message, hint=hint)
 
 
@@ -105,17 +114,31 @@ def malformed_response(model: str, detail: str) -> ModelAPIError:
     )
 
 
+def timed_out(model: str, timeout_s: float) -> TransientModelAPIError:
+    return TransientModelAPIError(f"{model}: timed out: no answer within {timeout_s:g} s", timeout_s=timeout_s)
+
+
 @contextmanager
-def translating_sdk_errors(sdk: ModuleType, model: str, *, key_env: str, timeout_s: float) -> Iterator[None]:
-    """Turn the errors of an OpenAI-style SDK (``openai`` or ``anthropic``, which share names) into ours."""
+def translating_sdk_errors(
+    sdk: ModuleType, model: str, *, key_env: str, timeout_s: float, transport: ModuleType | None = None
+) -> Iterator[None]:
+    """Turn the errors of an OpenAI-style SDK (``openai`` or ``anthropic``, which share names) into ours.
+
+    ``transport`` is the SDK's HTTP library (an httpx-style module), for SDKs that let its errors escape unwrapped
+    (the anthropic SDK does while it reads a stream's events): those are lost connections and timeouts too.
+    """
+    raw_timeout: tuple[type[BaseException], ...] = (transport.TimeoutException,) if transport else ()
+    raw_transport: tuple[type[BaseException], ...] = (transport.TransportError,) if transport else ()
     try:
         yield
     except sdk.APIStatusError as exc:
         raise status_error(model, exc.status_code, exc.response.headers, exc.message, key_env=key_env) from exc
-    except sdk.APITimeoutError as exc:
-        raise TransientModelAPIError(f"{model}: no answer within {timeout_s:g} s") from exc
+    except (sdk.APITimeoutError, *raw_timeout) as exc:
+        raise timed_out(model, timeout_s) from exc
     except sdk.APIConnectionError as exc:
         raise TransientModelAPIError(f"{model}: connection failed: {exc.__cause__ or exc}") from exc
+    except raw_transport as exc:
+        raise TransientModelAPIError(f"{model}: connection lost: {type(exc).__name__}: {exc}") from exc
     except sdk.APIError as exc:  # an error event inside a stream: the server broke off mid-answer
         raise TransientModelAPIError(f"{model}: the stream reported an error: {exc.message}") from exc
     except ValueError as exc:  # undecodable JSON in a body or stream event (json and pydantic errors are ValueErrors)
@@ -213,18 +236,28 @@ class Model:
         retrying = Retrying(
             retry=retry_if_exception_type(TransientModelAPIError),
             wait=_WaitHonouringRetryAfter(self.retry),
+            # stop_before_delay stops as soon as the next wait would overrun the budget, so a server-requested
+            # wait longer than what is left of it is never slept.
             stop=stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_total_s),
             before_sleep=self._log_retry,
         )
+        timeouts: list[float] = []  # the limit of each attempt that timed out
         try:
             for attempt in retrying:
                 with attempt:
                     attempt_started = time.monotonic()
-                    with self._slots:
-                        response = self.backend.generate(messages, tools, config)
+                    try:
+                        with self._slots:
+                            response = self.backend.generate(messages, tools, config)
+                    except TransientModelAPIError as exc:
+                        if exc.timeout_s is not None:
+                            timeouts.append(exc.timeout_s)
+                        raise
         except RetryError as exc:
-            raise self._gave_up(attempt.retry_state, time.monotonic() - started) from exc.last_attempt.exception()
-        cost = self.price.cost(response.usage) if self.price is not None else None
+            raise self._gave_up(
+                attempt.retry_state, time.monotonic() - started, timeouts
+            ) from exc.last_attempt.exception()
+        cost = self.price.cost(response.usage) if self.price is not None and response.usage_known else None
         response = response.model_copy(update={"cost_usd": cost, "retry_time_s": attempt_started - started})
         if self.ledger is not None:
             self.ledger.record(self.name, response, duration_s=time.monotonic() - started)
@@ -240,14 +273,32 @@ class Model:
             "back-off" if failure.retry_after_s is None else "as the server asked",
         )
 
-    def _gave_up(self, state: RetryCallState, elapsed_s: float) -> ModelAPIError:
+    def _gave_up(self, state: RetryCallState, elapsed_s: float, timeouts: list[float]) -> ModelAPIError:
         failure = _failure(state)
-        asked = "" if failure.retry_after_s is None else f"; the server asked to wait {failure.retry_after_s:g} s more"
+        attempts = state.attempt_number
+        policy = f"RetryPolicy(max_attempts={self.retry.max_attempts}, max_total_s={self.retry.max_total_s:g})"
+        asked = failure.retry_after_s
+        left_s = self.retry.max_total_s - elapsed_s
+        if asked and asked >= left_s:
+            return ModelAPIError(
+                f"{self.name}: the server asked to wait {asked:g} s before trying again, longer than the "
+                f"{max(left_s, 0.0):.1f} s left of the retry budget ({policy}); stopped without waiting after "
+                f"{attempts} attempt(s) in {elapsed_s:.1f} s; last error: {failure.message}",
+                hint=f"try again in {asked:g} s, or raise RetryPolicy.max_total_s above the wait if waits that long "
+                "are acceptable",
+            )
+        if timeouts:
+            limit = f"{timeouts[0]:g} s" if len(set(timeouts)) == 1 else f"{min(timeouts):g} to {max(timeouts):g} s"
+            return ModelAPIError(
+                f"{self.name}: timed out: {len(timeouts)} of {attempts} attempt(s) got no answer within {limit}; "
+                f"gave up after {elapsed_s:.1f} s; last error: {failure.message}",
+                hint="the server accepted the request but did not answer in time: check the provider's status and "
+                "the base URL (a proxy that swallows requests looks the same), or allow longer attempts "
+                f"(GenerateConfig.timeout_s, get_model(timeout_s=...)) or more retries ({policy})",
+            )
+        more = "" if asked is None else f"; the server asked to wait {asked:g} s more"
         return ModelAPIError(
-            f"{self.name}: gave up after {state.attempt_number} attempt(s) in {elapsed_s:.1f} s{asked}; "
+            f"{self.name}: gave up after {attempts} attempt(s) in {elapsed_s:.1f} s{more}; "
             f"last error: {failure.message}",
-            hint=(
-                f"the provider kept failing; try again later or allow more retries "
-                f"(RetryPolicy(max_attempts={self.retry.max_attempts}, max_total_s={self.retry.max_total_s:g}))"
-            ),
+            hint=f"the provider kept failing; try again later or allow more retries ({policy})",
         )

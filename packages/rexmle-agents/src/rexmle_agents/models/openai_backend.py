@@ -1,11 +1,11 @@
-"""OpenAI backends: the chat completions API and the responses API, for OpenAI and OpenAI-compatible servers."""
+"""OpenAI backends: the chat completions API and the responses API, for OpenAI, Azure OpenAI and compatible servers."""
 
 from __future__ import annotations
 
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import openai
@@ -40,24 +40,27 @@ _INCOMPLETE_REASONS = {"max_output_tokens": FINISH_LENGTH, "content_filter": FIN
 _TRANSIENT_RESPONSE_ERRORS = {"server_error", "rate_limit_exceeded"}
 
 
-class _OpenAIBackend(ABC):
-    """What both OpenAI APIs share: the client (with the SDK's own retries off: :class:`Model` retries) and errors."""
+def openai_client(*, api_key: str, base_url: str | None, timeout_s: float) -> openai.OpenAI:
+    """A client for OpenAI or a compatible server, with the SDK's own retries off: :class:`Model` retries."""
+    return openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s)
 
-    def __init__(
-        self,
-        name: str,
-        model_id: str,
-        *,
-        api_key: str,
-        base_url: str | None,
-        key_env: str,
-        timeout_s: float,
-    ) -> None:
+
+def azure_client(*, api_key: str, endpoint: str, api_version: str, timeout_s: float) -> openai.AzureOpenAI:
+    """A client for an Azure OpenAI resource; requests name a deployment where OpenAI's name a model."""
+    return openai.AzureOpenAI(
+        api_key=api_key, azure_endpoint=endpoint, api_version=api_version, max_retries=0, timeout=timeout_s
+    )
+
+
+class _OpenAIBackend(ABC):
+    """What both OpenAI APIs share: the client (made by :func:`openai_client` or :func:`azure_client`) and errors."""
+
+    def __init__(self, name: str, model_id: str, *, client: openai.OpenAI, key_env: str, timeout_s: float) -> None:
         self.name = name
         self.model_id = model_id
         self.key_env = key_env
         self.timeout_s = timeout_s
-        self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s)
+        self._client = client
 
     def generate(self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig) -> ModelResponse:
         timeout_s = config.timeout_s or self.timeout_s
@@ -69,9 +72,8 @@ class _OpenAIBackend(ABC):
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig, timeout_s: float
     ) -> ModelResponse: ...
 
-    def _usage_missing(self) -> Usage:
-        logger.warning("%s: the response reports no token usage; counting 0 tokens for this call", self.name)
-        return Usage()
+    def _usage_missing(self) -> None:
+        logger.warning("%s: the response reports no token usage; the call counts as unknown usage", self.name)
 
 
 class OpenAIChatBackend(_OpenAIBackend):
@@ -79,18 +81,23 @@ class OpenAIChatBackend(_OpenAIBackend):
 
     ``max_tokens_field`` names the length limit: OpenAI's current models take ``max_completion_tokens``, while
     many compatible servers only know the older ``max_tokens``.
+
+    Some servers attach an ``extra_content`` object to a tool call that must come back with that call in later
+    turns (Gemini's thought signatures); the backend keeps them by call id and sends them back. They live in
+    this object only: a conversation continued by another process sends its older calls without them.
     """
 
     def __init__(self, name: str, model_id: str, *, max_tokens_field: str = "max_completion_tokens", **kwargs: Any):
         super().__init__(name, model_id, **kwargs)
         self.max_tokens_field = max_tokens_field
+        self._tool_call_extras: dict[str, dict[str, Any]] = {}
 
     def _call(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig, timeout_s: float
     ) -> ModelResponse:
         request: dict[str, Any] = {
             "model": self.model_id,
-            "messages": [_chat_message(m) for m in messages],
+            "messages": [_chat_message(m, self._tool_call_extras) for m in messages],
             "timeout": timeout_s,
         }
         if tools:
@@ -120,15 +127,17 @@ class OpenAIChatBackend(_OpenAIBackend):
         if not completion.choices:
             raise malformed_response(self.name, "the chat completion has no choices")
         message = completion.choices[0].message
-        calls = tuple(
-            tool_call_from_json(c.id, c.function.name, c.function.arguments or "")
-            for c in message.tool_calls or ()
-            if c.type == "function"
-        )
+        calls = []
+        for c in message.tool_calls or ():
+            if c.type == "function":
+                self._keep_extra(c.id, _extra_content(c))
+                calls.append(tool_call_from_json(c.id, c.function.name, c.function.arguments or ""))
+        usage = self._usage(completion.usage)
         return ModelResponse(
             text=message.content or message.refusal or "",
-            tool_calls=calls,
-            usage=self._usage(completion.usage),
+            tool_calls=tuple(calls),
+            usage=Usage() if usage is None else usage,
+            usage_known=usage is not None,
             model=completion.model or self.model_id,
             finish_reason=completion.choices[0].finish_reason or FINISH_STOP,
             id=completion.id,
@@ -138,6 +147,7 @@ class OpenAIChatBackend(_OpenAIBackend):
         """Assemble a streamed completion: text deltas, tool calls (arguments arrive in pieces) and final usage."""
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
+        extras: dict[int, dict[str, Any]] = {}
         usage: CompletionUsage | None = None
         finish_reason: str | None = None
         response_id, model = None, self.model_id
@@ -153,6 +163,8 @@ class OpenAIChatBackend(_OpenAIBackend):
                 for piece in delta.tool_calls or ():
                     call = calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
                     call["id"] = piece.id or call["id"]
+                    if (extra := _extra_content(piece)) is not None:
+                        extras[piece.index] = extra
                     if piece.function is not None:
                         # the name arrives whole in one chunk; only the arguments are split
                         call["name"] = piece.function.name or call["name"]
@@ -160,16 +172,25 @@ class OpenAIChatBackend(_OpenAIBackend):
                 finish_reason = choice.finish_reason or finish_reason
         if finish_reason is None:  # a complete stream always says why it ended
             raise TransientModelAPIError(f"{self.name}: the stream broke off before the model finished")
+        for index, extra in extras.items():
+            self._keep_extra(calls[index]["id"], extra)
+        known = self._usage(usage)
         return ModelResponse(
             text="".join(text),
             tool_calls=tuple(tool_call_from_json(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())),
-            usage=self._usage(usage),
+            usage=Usage() if known is None else known,
+            usage_known=known is not None,
             model=model,
             finish_reason=finish_reason,
             id=response_id,
         )
 
-    def _usage(self, usage: CompletionUsage | None) -> Usage:
+    def _keep_extra(self, call_id: str, extra: dict[str, Any] | None) -> None:
+        if extra is not None and call_id:
+            self._tool_call_extras[call_id] = extra
+
+    def _usage(self, usage: CompletionUsage | None) -> Usage | None:
+        """Our usage from the completion's, or None (unknown) when the server sent none."""
         if usage is None:
             return self._usage_missing()
         details = usage.prompt_tokens_details
@@ -256,11 +277,13 @@ class OpenAIResponsesBackend(_OpenAIBackend):
         else:
             finish_reason = FINISH_STOP
         usage = response.usage
+        if usage is None:
+            self._usage_missing()
         details = usage.input_tokens_details if usage else None
         return ModelResponse(
             text="".join(text),
             tool_calls=tuple(calls),
-            usage=self._usage_missing()
+            usage=Usage()
             if usage is None
             else Usage(
                 input_tokens=usage.input_tokens or 0,
@@ -268,13 +291,20 @@ class OpenAIResponsesBackend(_OpenAIBackend):
                 cached_input_tokens=(details and details.cached_tokens) or 0,
                 cache_write_input_tokens=(details and getattr(details, "cache_write_tokens", None)) or 0,
             ),
+            usage_known=usage is not None,
             model=response.model or self.model_id,
             finish_reason=finish_reason,
             id=response.id,
         )
 
 
-def _chat_message(message: Message) -> dict[str, Any]:
+def _extra_content(item: Any) -> dict[str, Any] | None:
+    """The ``extra_content`` object a server added to a tool call (the SDK keeps unknown fields as extras)."""
+    value = (getattr(item, "model_extra", None) or {}).get("extra_content")
+    return value if isinstance(value, dict) else None
+
+
+def _chat_message(message: Message, tool_call_extras: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     if message.role == "tool":
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     if message.role != "assistant" or not message.tool_calls:
@@ -282,11 +312,19 @@ def _chat_message(message: Message) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": message.content or None,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for c in message.tool_calls
-        ],
+        "tool_calls": [_chat_tool_call(c, tool_call_extras.get(c.id)) for c in message.tool_calls],
     }
+
+
+def _chat_tool_call(call: ToolCall, extra: dict[str, Any] | None) -> dict[str, Any]:
+    wire: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+    }
+    if extra is not None:
+        wire["extra_content"] = extra
+    return wire
 
 
 def _responses_items(message: Message) -> list[dict[str, Any]]:

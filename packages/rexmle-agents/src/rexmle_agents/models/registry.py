@@ -1,6 +1,7 @@
 """Model strings and :func:`get_model`.
 
-A model string names a provider and a model: ``openai/gpt-5``, ``anthropic/claude-sonnet-4-5``, or
+A model string names a provider and a model: ``openai/gpt-5``, ``anthropic/claude-sonnet-4-5``,
+``google/gemini-2.5-pro``, ``azure/DEPLOYMENT`` (an Azure OpenAI deployment), or
 ``openai-compatible/NAME@http://host:port/v1`` for a local server (vLLM, Ollama, LM Studio). Keys come from the
 provider's environment variable (or ``api_key=``) and are checked when the model is made, not on import.
 """
@@ -19,6 +20,9 @@ from rexmle_grade.errors import ConfigurationError, UnknownNameError, UserInputE
 DEFAULT_TIMEOUT_S = 600.0
 # OpenAI-compatible servers rarely check keys, but the SDK refuses to run without one.
 _NO_KEY = "no-key"
+AZURE_ENDPOINT_ENV = "AZURE_OPENAI_ENDPOINT"
+# The openai SDK reads OPENAI_API_VERSION; Azure's own tools use AZURE_OPENAI_API_VERSION. Either works, first wins.
+AZURE_API_VERSION_ENVS = ("OPENAI_API_VERSION", "AZURE_OPENAI_API_VERSION")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,23 @@ PROVIDERS: dict[str, Provider] = {
     for p in (
         Provider("openai", "OPENAI_API_KEY", True, ("chat", "responses"), "openai/gpt-5", "OpenAI API"),
         Provider("anthropic", "ANTHROPIC_API_KEY", True, ("messages",), "anthropic/claude-sonnet-4-5", "Anthropic API"),
+        Provider(
+            "google",
+            "GEMINI_API_KEY",
+            True,
+            ("chat",),
+            "google/gemini-2.5-pro",
+            "Google Gemini API (through its OpenAI-compatible endpoint)",
+        ),
+        Provider(
+            "azure",
+            "AZURE_OPENAI_API_KEY",
+            True,
+            ("chat", "responses"),
+            "azure/my-gpt-5-deployment",
+            f"Azure OpenAI: MODEL is the deployment name; endpoint from ${AZURE_ENDPOINT_ENV}, API version from "
+            f"${AZURE_API_VERSION_ENVS[0]} or ${AZURE_API_VERSION_ENVS[1]}",
+        ),
         Provider(
             "openai-compatible",
             "OPENAI_COMPATIBLE_API_KEY",
@@ -133,11 +154,51 @@ def _live_backend(
         from rexmle_agents.models.anthropic_backend import AnthropicBackend
 
         return AnthropicBackend(spec.model_string, spec.name, api_key=key or "", base_url=url, timeout_s=timeout_s)
-    from rexmle_agents.models.openai_backend import OpenAIChatBackend, OpenAIResponsesBackend
+    from rexmle_agents.models.openai_backend import (
+        OpenAIChatBackend,
+        OpenAIResponsesBackend,
+        azure_client,
+        openai_client,
+    )
 
-    common = {"api_key": key or _NO_KEY, "base_url": url, "key_env": provider.key_env, "timeout_s": timeout_s}
+    if provider.name == "azure":
+        client = azure_client(
+            api_key=key or "", endpoint=url or _azure_endpoint(), api_version=_azure_api_version(), timeout_s=timeout_s
+        )
+    else:
+        if provider.name == "google":
+            from rexmle_agents.models.google_backend import BASE_URL
+
+            url = url or BASE_URL
+        client = openai_client(api_key=key or _NO_KEY, base_url=url, timeout_s=timeout_s)
+    common = {"client": client, "key_env": provider.key_env, "timeout_s": timeout_s}
     if api == "responses":
         return OpenAIResponsesBackend(spec.model_string, spec.name, **common)
+    if provider.name == "google":
+        from rexmle_agents.models.google_backend import GeminiChatBackend
+
+        return GeminiChatBackend(spec.model_string, spec.name, **common)
     # Compatible servers often predate max_completion_tokens; OpenAI's reasoning models refuse max_tokens.
-    field = "max_completion_tokens" if provider.name == "openai" else "max_tokens"
+    field = "max_completion_tokens" if provider.name in ("openai", "azure") else "max_tokens"
     return OpenAIChatBackend(spec.model_string, spec.name, max_tokens_field=field, **common)
+
+
+def _azure_endpoint() -> str:
+    endpoint = os.environ.get(AZURE_ENDPOINT_ENV)
+    if not endpoint:
+        raise ConfigurationError(
+            f"{AZURE_ENDPOINT_ENV} is not set: the azure backend needs the resource's endpoint",
+            hint=f"export {AZURE_ENDPOINT_ENV}=https://RESOURCE.openai.azure.com (or pass base_url=...)",
+        )
+    return endpoint
+
+
+def _azure_api_version() -> str:
+    for name in AZURE_API_VERSION_ENVS:
+        if version := os.environ.get(name):
+            return version
+    raise ConfigurationError(
+        f"neither {' nor '.join(AZURE_API_VERSION_ENVS)} is set: the azure backend needs an API version",
+        hint=f"export {AZURE_API_VERSION_ENVS[0]}=... with a version your resource supports (see the Azure OpenAI "
+        "API version lifecycle)",
+    )

@@ -102,13 +102,18 @@ class ModelResponse(_Frozen):
     """What one generation produced.
 
     Backends fill the content fields; :class:`~rexmle_agents.models.base.Model` adds ``cost_usd`` (None when the
-    model has no price) and ``retry_time_s`` (time lost to failed attempts and back-off, which the harness keeps
-    apart from the agent's own time budget).
+    model has no price or the usage is unknown) and ``retry_time_s`` (time lost to failed attempts and back-off,
+    which the harness keeps apart from the agent's own time budget).
+
+    ``usage_known`` is False when the provider reported no token usage for the call: ``usage`` then holds zeros
+    that stand for "unknown", not for a free call, and the ledger counts the call among ``unknown_usage_calls``.
     """
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = Usage()
+    # Defaults to True so cassettes recorded before the field existed read back unchanged.
+    usage_known: bool = True
     model: str = ""
     finish_reason: str = FINISH_STOP
     id: str | None = None

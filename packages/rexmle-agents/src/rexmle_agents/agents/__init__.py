@@ -1,0 +1,1 @@
+"""The agents that ship with the harness and need no model: ``sample`` and ``baseline``."""

@@ -1,0 +1,40 @@
+"""What the machine offers a run: CPUs, memory, GPUs (read once; GPUs through nvidia-smi when present)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+
+@functools.cache
+def gpu_ids() -> tuple[str, ...]:
+    """Indices of the visible NVIDIA GPUs (respecting CUDA_VISIBLE_DEVICES), () when there are none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return tuple(v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1")
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(line.strip() for line in out.splitlines() if line.strip())
+
+
+def memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError):
+        return 0.0
+
+
+def describe(gpus: tuple[str, ...], cpus: int | None, memory_limit_gb: float | None) -> dict[str, object]:
+    return {
+        "cpus": cpus or os.cpu_count() or 1,
+        "memory_gb": round(memory_limit_gb or memory_gb(), 1),
+        "gpus": len(gpus),
+        "gpu_ids": list(gpus),
+    }

@@ -1,0 +1,577 @@
+"""Run one agent on one task: the run folder, the sandbox, the budgets, resume, the final submission and grading.
+
+:func:`build_spec` checks everything a run needs before anything is written (task prepared, agent known and its
+config valid, a model for every role, the sandbox available, GPUs present). :func:`execute_run` then creates or
+resumes ``runs/<group>/<run_id>/``, runs the agent under a watchdog, collects the final submission even when a
+budget ran out, and grades it outside the sandbox. A finished run is not run again; an unfinished one resumes from
+its journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rexmle_agents.harness.agent import get_agent_info, make_agent
+from rexmle_agents.harness.context import RunContext, TaskInfo
+from rexmle_agents.harness.hardware import describe, gpu_ids
+from rexmle_agents.harness.instructions import render_instructions
+from rexmle_agents.harness.journal import Journal
+from rexmle_agents.harness.paths import RunPaths
+from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, Limits, Resources, RunSpec
+from rexmle_agents.models.accounting import Budget, UsageLedger, UsageTotals
+from rexmle_agents.models.base import Model
+from rexmle_grade.errors import BudgetExceededError, RexmleError, UserInputError
+from rexmle_grade.report import ReportEntry
+
+logger = logging.getLogger(__name__)
+
+STATES = ("pending", "running", "finished", "failed", "timed_out", "cancelled")
+TERMINAL_STATES = frozenset({"finished", "failed", "timed_out", "cancelled"})
+SCRIPTED_PROVIDER = "scripted"  # model strings of tests: the Model object is passed to execute_run
+REPLAY_PREFIX = "replay:"
+# After the deadline the agent gets this long to notice (its sandboxed command is already killed) before the
+# harness collects the submission without it.
+GRACE_S = 20.0
+HEARTBEAT_S = 15.0
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: str
+    run_dir: Path
+    state: str
+    reason: str
+    limit: str | None  # which budget ended the run: time, steps, tokens, cost (None if none did)
+    steps: int
+    seconds: float
+    grade: ReportEntry | None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# building a spec
+
+
+def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | None = None,
+               models: Mapping[str, str] | None = None, seed: int = 0, limits: Limits | None = None,
+               resources: Resources | None = None, sandbox: str = "auto", allow_unsandboxed: bool = False,
+               data_root: str | Path | None = None, group: str = "default") -> RunSpec:
+    """A checked :class:`RunSpec`; every problem is one clear error, and nothing is written."""
+    from rexmle_agents.sandbox import SandboxSpec, default_sandbox_kind, get_sandbox
+    from rexmle_grade.settings import data_dir, rexmle_versions
+    from rexmle_tasks.pipeline import require_prepared, task_dirs
+    from rexmle_tasks.registry import get_task
+
+    task = get_task(task_id)
+    root = data_dir(data_root)
+    info = require_prepared(task, task_dirs(task, root))
+    if info.task_version != task.meta.version:
+        raise UserInputError(f"task {task.id!r} was prepared for version {info.task_version}, but version "
+                             f"{task.meta.version} is installed",
+                             hint=f"run `rexmle prepare {task.id} --force{' --synthetic' if info.synthetic else ''}`")
+    agent_info = get_agent_info(agent)
+    config = dict(agent_config or {})
+    make_agent(agent, config)  # a bad setting fails here, not hours later on a cluster node
+    models = dict(models or {})
+    for role, model in models.items():
+        check_model_string(model, role=role)
+    missing = [r for r in agent_info.roles if r not in models and "default" not in models and len(models) != 1]
+    if missing:
+        raise UserInputError(
+            f"agent {agent!r} needs a model for role(s) {', '.join(missing)}, and none was given",
+            hint="pass --model PROVIDER/MODEL (all roles) or --model ROLE=PROVIDER/MODEL, e.g. --model openai/gpt-5",
+        )
+    resources = resources or Resources()
+    if resources.gpus and len(gpu_ids()) < resources.gpus:
+        raise UserInputError(f"{resources.gpus} GPU(s) per run requested, but this machine has {len(gpu_ids())}",
+                             hint="drop --gpus-per-run, or run where GPUs are (e.g. --executor slurm)")
+    kind = default_sandbox_kind() if sandbox == "auto" else sandbox
+    public = task_dirs(task, root).public
+    # unknown, unavailable or refused runtimes fail now; making one has no side effects
+    with tempfile.TemporaryDirectory(prefix="rexmle-probe-") as probe:
+        get_sandbox(kind, SandboxSpec(workspace=Path(probe), data=public), allow_unsandboxed=allow_unsandboxed)
+    return RunSpec(task_id=task.id, task_version=task.meta.version, split_digest=info.split_digest, agent=agent,
+                   agent_version=agent_info.version, agent_config=config, models=models, seed=seed,
+                   limits=limits or Limits(), resources=resources, sandbox=kind,
+                   allow_unsandboxed=allow_unsandboxed, group=group, data_root=str(root),
+                   rexmle_versions=rexmle_versions())
+
+
+def check_model_string(model: str, *, role: str) -> None:
+    from rexmle_agents.models.registry import parse_model_string
+
+    if model.startswith(REPLAY_PREFIX):
+        cassette = Path(model[len(REPLAY_PREFIX):]).expanduser()
+        if not cassette.is_file():
+            raise UserInputError(f"model for role {role!r}: cassette {cassette} does not exist",
+                                 hint="a run records its calls in <run_dir>/cassette.jsonl; pass that path")
+        return
+    if model.split("/", 1)[0] == SCRIPTED_PROVIDER:
+        return
+    parse_model_string(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run folder
+
+
+def run_paths(spec: RunSpec, runs_dir: Path) -> RunPaths:
+    return RunPaths(Path(runs_dir) / spec.group / spec.run_id)
+
+
+def read_spec(run_dir: Path) -> RunSpec:
+    """The spec of an existing run folder; a folder written by an incompatible harness is refused."""
+    path = RunPaths(Path(run_dir)).spec
+    if not path.is_file():
+        raise UserInputError(f"{run_dir} is not a run folder (no spec.json)",
+                             hint="pass a folder runs/<group>/<run_id>/ made by `rexmle run`")
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as exc:
+        raise UserInputError(f"{path} is not valid JSON: {exc}") from exc
+    found = raw.get("format_version") if isinstance(raw, dict) else None
+    if found != RUN_FORMAT_VERSION:
+        raise UserInputError(
+            f"{run_dir} was written by a harness with run format {found!r}; this rexmle-agents reads format "
+            f"{RUN_FORMAT_VERSION}",
+            hint="resume it with the rexmle version that started it, or start the run afresh in another --runs-dir",
+        )
+    try:
+        return RunSpec.model_validate(raw)
+    except ValueError as exc:
+        raise UserInputError(f"{path} is not a valid run spec: {exc}") from exc
+
+
+def read_status(paths: RunPaths) -> dict[str, Any]:
+    if not paths.status.is_file():
+        return {"state": "pending", "attempts": 0}
+    try:
+        return json.loads(paths.status.read_text())
+    except ValueError:  # a crash between write and rename cannot leave this; an edit can
+        return {"state": "pending", "attempts": 0}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def run_lock(paths: RunPaths) -> Iterator[None]:
+    """One harness per run folder at a time (two executors, or a requeued job beside a live one)."""
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    handle = paths.lock.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise UserInputError(f"run {paths.run_dir} is being run by another process",
+                             hint="wait for it, or stop it first") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resuming: what earlier attempts left in the journal
+
+
+@dataclass(frozen=True)
+class JournalState:
+    attempts: int
+    consumed_s: float
+    steps_started: int
+    open_steps: tuple[int, ...]
+    run_totals: UsageTotals
+
+
+def journal_state(events: Sequence[Mapping[str, Any]], status: Mapping[str, Any]) -> JournalState:
+    """Attempts so far, wall-clock used (journal times, or the status heartbeat if later), steps, model usage."""
+    attempts = 0
+    consumed = 0.0
+    attempt_start: float | None = None
+    last_time: float | None = None
+    started: dict[int, bool] = {}
+    totals = UsageTotals()
+    for event in events:
+        kind = event["kind"]
+        t = event.get("time")
+        if isinstance(t, str):  # model_call records carry an ISO time
+            t = dt.datetime.fromisoformat(t).timestamp()
+        if kind in ("run_started", "run_resumed"):
+            if attempt_start is not None and last_time is not None:
+                consumed += max(0.0, last_time - attempt_start)
+            attempts += 1
+            attempt_start = t
+        elif kind == "step_started":
+            started[event["step"]] = False
+        elif kind in ("step_finished", "step_interrupted"):
+            started[event["step"]] = True
+        elif kind == "model_call":
+            totals = UsageTotals.model_validate(event["run_totals"])
+        last_time = t if t is not None else last_time
+    if attempt_start is not None and last_time is not None:
+        consumed += max(0.0, last_time - attempt_start)
+    consumed = max(consumed, float(status.get("elapsed_s") or 0.0))
+    return JournalState(attempts=attempts, consumed_s=consumed, steps_started=max(started, default=0),
+                        open_steps=tuple(s for s, done in started.items() if not done), run_totals=totals)
+
+
+class _RunLedger(UsageLedger):
+    """The usage ledger of a run, continuing the totals of its earlier attempts."""
+
+    def restore(self, totals: UsageTotals) -> None:
+        with self._lock:
+            self._run = totals
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# running
+
+
+def execute_run(spec: RunSpec, runs_dir: str | Path, *, models: Mapping[str, Model] | None = None,
+                gpus: Sequence[str] = (), grade: bool = True, grace_s: float = GRACE_S) -> RunOutcome:
+    """Run (or resume, or just report) the run of ``spec`` under ``runs_dir``. ``models`` overrides roles with
+    ready :class:`Model` objects (tests, notebooks); ``gpus`` are the device ids the executor assigned."""
+    paths = run_paths(spec, Path(runs_dir))
+    with run_lock(paths):
+        if paths.spec.is_file():
+            existing = read_spec(paths.run_dir)
+            if existing.identity() != spec.identity():
+                raise UserInputError(f"{paths.run_dir} holds another run's spec", hint="use another --runs-dir")
+        else:
+            write_json_atomic(paths.spec, spec.model_dump(mode="json"))
+        status = read_status(paths)
+        if status.get("state") in TERMINAL_STATES:
+            entry = _grade_if_needed(spec, paths) if grade else _read_grade(paths)
+            return _outcome(spec, paths, status, entry)
+        return _Attempt(spec, paths, status, models or {}, tuple(gpus), grace_s).run(grade=grade)
+
+
+class _Attempt:
+    def __init__(self, spec: RunSpec, paths: RunPaths, status: dict[str, Any], models: Mapping[str, Model],
+                 gpus: tuple[str, ...], grace_s: float) -> None:
+        self.spec = spec
+        self.paths = paths
+        self.status = status
+        self.model_overrides = models
+        self.gpus = gpus
+        self.grace_s = grace_s
+        self.journal = Journal(paths.journal)
+        self.started_mono = time.monotonic()
+
+    def run(self, *, grade: bool) -> RunOutcome:
+        from rexmle_tasks.pipeline import task_dirs
+        from rexmle_tasks.registry import get_task
+
+        spec, paths = self.spec, self.paths
+        self.journal.repair()
+        previous = journal_state(list(self.journal.iter_events()), self.status)
+        attempt = previous.attempts + 1
+        for number in previous.open_steps:  # killed mid-step: that step never finished
+            self.journal.append("step_interrupted", step=number, attempt=attempt - 1)
+        task = get_task(spec.task_id)
+        public = task_dirs(task, spec.data_root).public
+        info = TaskInfo(task_id=task.id, task_version=task.meta.version, grader_id=task.meta.grader,
+                        title=task.meta.title, task_type=task.meta.task_type, dim=task.meta.dim,
+                        description=(public / "description.md").read_text(encoding="utf-8"), public_dir=public)
+        self._prepare_workspace()
+        sandbox = self._sandbox(info)
+        hardware = describe(self.gpus, spec.resources.cpus, spec.resources.memory_gb)
+        instructions = render_instructions(spec, info, sandbox, hardware)
+        paths.instructions.write_text(instructions, encoding="utf-8")
+        ledger = _RunLedger(journal=paths.journal,
+                            budget=Budget(max_tokens=spec.limits.max_tokens, max_cost_usd=spec.limits.max_cost_usd))
+        ledger.restore(previous.run_totals)
+        models = self._models(ledger)
+        deadline = self.started_mono + spec.limits.time_limit_s - previous.consumed_s
+        ctx = RunContext(spec=spec, paths=paths, task=info, instructions=instructions, sandbox=sandbox,
+                         journal=self.journal, ledger=ledger, models=models, deadline=deadline,
+                         steps_done=previous.steps_started, hardware=hardware)
+        self.journal.append("run_started" if attempt == 1 else "run_resumed", attempt=attempt, pid=os.getpid(),
+                            host=socket.gethostname(), consumed_s=round(previous.consumed_s, 3),
+                            steps_done=previous.steps_started, sandbox=sandbox.kind, isolating=sandbox.isolating,
+                            limits_mechanism=getattr(sandbox, "limits_mechanism", None), gpus=list(self.gpus),
+                            rexmle_versions=spec.rexmle_versions)
+        if not sandbox.isolating:
+            logger.warning("run %s executes agent code WITHOUT a sandbox (--sandbox none)", spec.run_id)
+            self.journal.append("warning", message="agent code ran without a sandbox (--sandbox none)")
+        self._write_status("running", "", None, attempt, previous.consumed_s)
+        state, reason, limit = self._supervise(ctx, sandbox, attempt, previous.consumed_s)
+        self._finalise(ctx)
+        elapsed = previous.consumed_s + (time.monotonic() - self.started_mono)
+        usage = ctx.ledger.totals()
+        self.journal.append("run_finished", state=state, reason=reason, limit=limit, seconds=round(elapsed, 3),
+                            steps=ctx.steps_done, model_calls=usage.calls, cost_usd=usage.cost_usd,
+                            model_retry_s=round(usage.retry_time_s, 3))
+        status = self._write_status(state, reason, limit, attempt, elapsed, steps=ctx.steps_done, finished=True,
+                                    usage=usage)
+        entry = _grade_if_needed(self.spec, paths) if grade else None
+        return _outcome(spec, paths, status, entry)
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def _prepare_workspace(self) -> None:
+        for folder in (self.paths.workspace, self.paths.submission, self.paths.working, self.paths.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def _sandbox(self, info: TaskInfo) -> Any:
+        return make_run_sandbox(self.spec, self.paths, info.public_dir, info.grader_id, self.gpus)
+
+    def _models(self, ledger: UsageLedger) -> dict[str, Model]:
+        from rexmle_agents.models.registry import get_model
+
+        models: dict[str, Model] = {}
+        for role, name in self.spec.models.items():
+            override = self.model_overrides.get(role)
+            if override is not None:
+                if override.ledger is None:
+                    override.ledger = ledger
+                models[role] = override
+            elif name.startswith(REPLAY_PREFIX):
+                models[role] = replay_model(Path(name[len(REPLAY_PREFIX):]).expanduser(), ledger)
+            elif name.split("/", 1)[0] == SCRIPTED_PROVIDER:
+                raise UserInputError(f"model {name!r} (role {role!r}) is a test model: pass its Model object to "
+                                     "execute_run(models=...)")
+            else:
+                models[role] = get_model(name, ledger=ledger, record_to=self.paths.cassette)
+        for role, override in self.model_overrides.items():
+            if role not in models:
+                override.ledger = override.ledger or ledger
+                models[role] = override
+        return models
+
+    # -- supervision ----------------------------------------------------------------------------------------
+    def _supervise(self, ctx: RunContext, sandbox: Any, attempt: int, consumed: float) -> tuple[str, str, str | None]:
+        agent = make_agent(self.spec.agent, self.spec.agent_config)
+        failure: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                agent.run(ctx)
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=target, name=f"agent-{self.spec.run_id}", daemon=True)
+        restore = self._install_signal_handlers(ctx, sandbox)
+        retry_extension = 0.0
+        try:
+            thread.start()
+            next_beat = time.monotonic() + HEARTBEAT_S
+            while thread.is_alive():
+                if self.spec.limits.extend_for_model_retries:
+                    extra = ctx.ledger.totals().retry_time_s - retry_extension
+                    if extra > 0:
+                        ctx.extend_deadline(extra)
+                        retry_extension += extra
+                now = time.monotonic()
+                if now >= ctx.deadline and not ctx.cancelled.is_set():
+                    ctx.cancel_reason = f"time limit of {self.spec.limits.time_limit_s:g} s reached"
+                    ctx.cancelled.set()
+                    sandbox.kill_all()
+                    self.journal.append("budget_exhausted", limit="time", message=ctx.cancel_reason)
+                if ctx.cancelled.is_set():
+                    thread.join(self.grace_s)
+                    if thread.is_alive():
+                        self.journal.append("warning", message=f"agent did not stop within {self.grace_s:g} s of "
+                                            "the cancellation; collecting its submission without it")
+                    break
+                if now >= next_beat:
+                    self._write_status("running", "", None, attempt, consumed + now - self.started_mono,
+                                       steps=ctx.steps_done)
+                    next_beat = now + HEARTBEAT_S
+                thread.join(min(0.05 if now - self.started_mono < 1 else 0.5, max(0.0, ctx.deadline - now)))
+        finally:
+            restore()
+        return self._classify(ctx, failure[0] if failure else None)
+
+    def _classify(self, ctx: RunContext, exc: BaseException | None) -> tuple[str, str, str | None]:
+        if ctx.cancelled.is_set():
+            reason = ctx.cancel_reason or "cancelled"
+            return ("timed_out", reason, "time") if reason.startswith("time limit") else ("cancelled", reason, None)
+        if exc is None:
+            return "finished", "the agent finished", None
+        if isinstance(exc, BudgetExceededError):
+            text = exc.message
+            limit = ("time" if "time limit" in text else "steps" if "step limit" in text
+                     else "tokens" if "token budget" in text else "cost" if "money budget" in text else None)
+            self.journal.append("budget_exhausted", limit=limit, message=text)
+            return ("timed_out" if limit == "time" else "finished"), text, limit
+        detail = "".join(traceback.format_exception(exc))
+        (self.paths.logs / "agent_error.txt").write_text(detail)
+        message = exc.message if isinstance(exc, RexmleError) else f"{type(exc).__name__}: {exc}"
+        self.journal.append("agent_error", error=message, traceback=detail[-8000:])
+        return "failed", f"the agent raised {message}", None
+
+    def _install_signal_handlers(self, ctx: RunContext, sandbox: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def stop(signum: int, _frame: Any) -> None:
+            ctx.cancel_reason = f"stopped by signal {signal.Signals(signum).name}"
+            ctx.cancelled.set()
+            sandbox.kill_all()
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    # -- the end --------------------------------------------------------------------------------------------
+    def _finalise(self, ctx: RunContext) -> None:
+        """final/: the chosen snapshot (explicit choice, else the latest valid, else the workspace's submission)."""
+        paths = self.paths
+        chosen = choose_final(list(self.journal.iter_events()))
+        if chosen is None and (paths.submission / "submission.csv").is_file():
+            try:
+                chosen = ctx.snapshot_submission("workspace submission at the end of the run")
+            except (OSError, RexmleError) as exc:
+                self.journal.append("warning", message=f"could not snapshot the workspace submission: {exc}")
+        if paths.final.exists():
+            shutil.rmtree(paths.final)
+        partial = paths.final.with_name("final.partial")
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir()
+        metadata: dict[str, Any] = {"snapshot": chosen, "run_id": self.spec.run_id, "finished_at": _now()}
+        if chosen is not None:
+            source = paths.snapshots / chosen
+            shutil.copytree(source / "submission", partial / "submission", symlinks=True)
+            if (source / "solution.py").is_file():
+                shutil.copy2(source / "solution.py", partial / "best_solution.py")
+            metadata.update(next((e for e in self.journal.iter_events()
+                                  if e["kind"] == "snapshot" and e["snapshot"] == chosen), {}))
+        write_json_atomic(partial / "metadata.json", metadata)
+        partial.rename(paths.final)
+        self.journal.append("final_collected", snapshot=chosen)
+
+    def _write_status(self, state: str, reason: str, limit: str | None, attempt: int, elapsed: float, *,
+                      steps: int = 0, finished: bool = False, usage: UsageTotals | None = None) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "state": state, "reason": reason, "limit": limit, "attempts": attempt, "steps": steps,
+            "elapsed_s": round(elapsed, 3), "run_id": self.spec.run_id, "task_id": self.spec.task_id,
+            "agent": self.spec.agent, "seed": self.spec.seed,
+            "started_at": self.status.get("started_at") or _now(), "updated_at": _now(),
+            "finished_at": _now() if finished else None, "pid": os.getpid(), "host": socket.gethostname(),
+        }
+        if usage is not None:  # time lost to model API retries is kept apart from the agent's own time
+            status.update(model_calls=usage.calls, tokens=usage.usage.total_tokens, cost_usd=usage.cost_usd,
+                          model_retry_s=round(usage.retry_time_s, 3))
+        write_json_atomic(self.paths.status, status)
+        return status
+
+
+def make_run_sandbox(spec: RunSpec, paths: RunPaths, public_dir: Path, grader_id: str,
+                     gpus: Sequence[str] = ()) -> Any:
+    """The sandbox of a run: the same spec always gives the same mounts, limits, environment and folder."""
+    from rexmle_agents.sandbox import SandboxLimits, SandboxSpec, get_sandbox
+
+    res = spec.resources
+    limits = SandboxLimits(
+        memory_bytes=None if res.memory_gb is None else int(res.memory_gb * 1024**3),
+        max_processes=res.max_processes,
+        max_file_bytes=None if res.max_file_gb is None else int(res.max_file_gb * 1024**3),
+        cpus=res.cpus, gpus=tuple(gpus))
+    env = {"REXMLE_TASK_ID": spec.task_id, "REXMLE_GRADER_ID": grader_id}
+
+    def make(env: dict[str, str]) -> Any:
+        return get_sandbox(spec.sandbox, SandboxSpec(workspace=paths.workspace, data=public_dir, limits=limits,
+                                                     env=env), allow_unsandboxed=spec.allow_unsandboxed)
+
+    # where the workspace appears inside depends on the runtime, and the variables naming it need to know
+    workspace = make(env).workspace_path
+    sandbox = make({**env, "REXMLE_WORKSPACE": workspace, "REXMLE_PUBLIC_DIR": f"{workspace}/data"})
+    if sandbox.isolating:
+        paths.data_view.mkdir(parents=True, exist_ok=True)  # the mount point of the read-only public view
+    elif not paths.data_view.exists():
+        paths.data_view.symlink_to(public_dir, target_is_directory=True)
+    return sandbox
+
+
+def choose_final(events: Sequence[Mapping[str, Any]]) -> str | None:
+    selected = latest_valid = latest = None
+    for event in events:
+        if event["kind"] == "final_selected":
+            selected = event["snapshot"]
+        elif event["kind"] == "snapshot":
+            latest = event["snapshot"]
+            if event.get("valid"):
+                latest_valid = event["snapshot"]
+    return selected or latest_valid or latest
+
+
+def replay_model(cassette: Path, ledger: UsageLedger) -> Model:
+    """A model that replays a cassette (its model name read from the cassette itself)."""
+    from rexmle_agents.models.replay import ReplayBackend
+
+    name = None
+    with cassette.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                name = json.loads(line)["request"]["model"]
+                break
+    if name is None:
+        raise UserInputError(f"cassette {cassette} is empty",
+                             hint="record a run first; its calls are in cassette.jsonl")
+    return Model(ReplayBackend(cassette, name), ledger=ledger)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# grading, outside any sandbox
+
+
+def _read_grade(paths: RunPaths) -> ReportEntry | None:
+    return ReportEntry.model_validate_json(paths.grade.read_text()) if paths.grade.is_file() else None
+
+
+def _grade_if_needed(spec: RunSpec, paths: RunPaths) -> ReportEntry:
+    entry = _read_grade(paths)
+    if entry is not None:
+        return entry
+    entry = grade_run(spec, paths)
+    write_json_atomic(paths.grade, entry.model_dump(mode="json"))
+    Journal(paths.journal).append("graded", status=entry.status, percentile=entry.percentile, metrics=entry.metrics)
+    return entry
+
+
+def grade_run(spec: RunSpec, paths: RunPaths) -> ReportEntry:
+    from rexmle_grade.evaluate import evaluate_submission
+    from rexmle_grade.targets import resolve_target
+
+    target = resolve_target(spec.task_id, spec.data_root)
+    labels = {"agent": spec.agent, "seed": str(spec.seed), "run_id": spec.run_id, "group": spec.group}
+    if spec.models:
+        labels["models"] = ",".join(f"{r}={m}" for r, m in sorted(spec.models.items()))
+    if spec.sandbox == "none":
+        labels["sandbox"] = "NONE (unsandboxed)"
+    return evaluate_submission(target, paths.final_submission, labels=labels)
+
+
+def _outcome(spec: RunSpec, paths: RunPaths, status: Mapping[str, Any], entry: ReportEntry | None) -> RunOutcome:
+    return RunOutcome(run_id=spec.run_id, run_dir=paths.run_dir, state=status.get("state", "pending"),
+                      reason=status.get("reason", ""), limit=status.get("limit"), steps=int(status.get("steps", 0)),
+                      seconds=float(status.get("elapsed_s", 0.0)), grade=entry)

@@ -1,0 +1,93 @@
+"""The unit of work: :class:`RunSpec` (one agent on one task with one seed), written to ``spec.json``.
+
+A run id is derived from the fields that define what runs (task + version + split, agent + version + config,
+models, seed, limits, resources, sandbox), so re-running the same spec finds the same folder and resumes it.
+Package versions and where the data lives are recorded but do not change the id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rexmle_grade.errors import UserInputError
+
+# Bumped when the run folder's layout or the journal's meaning changes; older folders are refused, not guessed at.
+RUN_FORMAT_VERSION = 1
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
+_UNIT_S = {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``12h`` or ``1.5d``."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    match = _DURATION.match(text)
+    if match is None:
+        raise UserInputError(f"{text!r} is not a duration", hint="use seconds or a unit: 90s, 15m, 12h, 1d")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+class Limits(_Frozen):
+    """Budgets the harness enforces; ``None`` means unlimited."""
+
+    time_limit_s: float = Field(default=12 * 3600, gt=0)  # total wall-clock of the run (all attempts together)
+    exec_timeout_s: float = Field(default=4 * 3600, gt=0)  # one execution in the sandbox
+    max_steps: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    # Add the time lost to model API retries (rate limits, outages) to the wall-clock budget.
+    extend_for_model_retries: bool = False
+
+
+class Resources(_Frozen):
+    """What one run may use; GPUs are assigned by the executor (CUDA_VISIBLE_DEVICES inside the sandbox)."""
+
+    gpus: int = Field(default=0, ge=0)
+    cpus: int | None = Field(default=None, ge=1)
+    memory_gb: float | None = Field(default=None, gt=0)
+    max_processes: int = Field(default=1024, ge=8)
+    max_file_gb: float | None = Field(default=64.0, gt=0)
+
+
+class RunSpec(_Frozen):
+    """One run: which agent, on which task, with which models, seed, budgets and sandbox."""
+
+    format_version: int = RUN_FORMAT_VERSION
+    task_id: str
+    task_version: str
+    split_digest: str
+    agent: str
+    agent_version: str
+    agent_config: dict[str, Any] = Field(default_factory=dict)
+    models: dict[str, str] = Field(default_factory=dict)  # role -> model string
+    seed: int = 0
+    limits: Limits = Limits()
+    resources: Resources = Resources()
+    sandbox: str = "bwrap"
+    allow_unsandboxed: bool = False
+    group: str = "default"
+    # recorded, not part of the id
+    data_root: str = ""
+    rexmle_versions: dict[str, str] = Field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"group", "data_root", "rexmle_versions"})
+
+    @property
+    def run_id(self) -> str:
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
+        return f"{self.task_id}.{_slug(self.agent)}.s{self.seed}.{digest}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "agent"

@@ -1,0 +1,54 @@
+"""Apptainer (formerly Singularity), what HPC clusters offer: no daemon, so the command stays our descendant and
+the harness's cgroup and rlimits apply to it as to bwrap.
+
+``apptainer exec --containall --no-home --cleanenv --net --network none``: own PID/IPC/mount namespaces, no host
+home or /tmp, no host variables, no network; the workspace bound read-write at /workspace and the public data
+read-only over /workspace/data; ``--nv`` passes the NVIDIA driver and devices through when the run has GPUs. The
+image (``spec.image``: a ``.sif`` file or a ``docker://`` reference) must hold Python and the rexmle packages.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from collections.abc import Sequence
+
+from rexmle_agents.sandbox._container import container_env, require_image
+from rexmle_agents.sandbox.base import DATA_DIRNAME, WORKSPACE, Sandbox, SandboxSpec
+
+INSTALL_HINT = "install Apptainer (https://apptainer.org/docs/admin/main/installation.html) or load its module"
+
+
+@functools.cache
+def _apptainer_problem() -> str | None:
+    if shutil.which("apptainer") is None:
+        return f"apptainer is not installed; {INSTALL_HINT}"
+    return None
+
+
+class ApptainerSandbox(Sandbox):
+    kind = "apptainer"
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        super().__init__(spec)
+        self.image = require_image(spec, self.kind, "rexmle.sif or docker://ghcr.io/ORG/rexmle:TAG")
+        self.env = container_env(spec)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return _apptainer_problem()
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        spec = self.spec
+        args = [shutil.which("apptainer") or "apptainer", "exec", "--containall", "--no-home", "--cleanenv",
+                "--writable-tmpfs"]
+        if not spec.network:
+            args += ["--net", "--network", "none"]
+        if spec.limits.gpus:
+            args.append("--nv")
+        args += ["--bind", f"{spec.workspace.resolve()}:{WORKSPACE}:rw",
+                 "--bind", f"{spec.data.resolve()}:{WORKSPACE}/{DATA_DIRNAME}:ro",
+                 "--pwd", f"{WORKSPACE}/{spec.workdir}"]
+        for key, value in self.env.items():
+            args += ["--env", f"{key}={value}"]
+        return [*args, self.image, *argv]
