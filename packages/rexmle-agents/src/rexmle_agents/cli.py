@@ -175,11 +175,12 @@ def run_command(
     if not outcomes:
         console.print("jobs submitted; run the same command again later to collect the report")
         return
-    _group_report(outcomes, out or runs_root / group / "report.json")
+    write_group_report(outcomes, out or runs_root / group / "report.json")
     console.print(f"{len(outcomes)} run(s) in {time.perf_counter() - started:.1f} s")
 
 
-def _group_report(outcomes: list[Any], path: Path) -> None:
+def write_group_report(outcomes: list[Any], path: Path) -> None:
+    """One grading report for a group of runs (the `rexmle grade` format), printed as a table and written."""
     from rexmle_grade.report import GradingReport, render_report
 
     entries = [o.grade for o in outcomes if o.grade is not None]

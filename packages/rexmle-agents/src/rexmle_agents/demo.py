@@ -1,0 +1,120 @@
+"""``rexmle demo``: the benchmark's main job on built-in synthetic data — offline, no API key, no GPU.
+
+For a 3-D segmentation task and a 2-D task of another type (by default ISLES'22 and LDCT-IQA): write the synthetic
+mirror of the download, prepare the task, check it for leaks, then run two agents through the harness, each in
+the sandbox — ``baseline`` (an expert pipeline of rexmle-baselines, quick configuration) and ``sample`` (the
+sample submission, the floor) — grade every run outside the sandbox, rank it against the human leaderboard and
+print one report. ``--graders-only`` runs the older grading check instead: every task's sample and gold
+submissions graded and ranked, without agents.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from rexmle_grade.errors import RexmleError
+
+console = Console()
+DEFAULT_TASKS = "isles22,ldct-iqa"  # a 3-D segmentation task and a 2-D regression task
+DEFAULT_AGENTS = "baseline,sample"
+
+
+def demo_command(
+    tasks: Annotated[str, typer.Option(help="Comma-separated task ids (or 'all' with --graders-only).")] = DEFAULT_TASKS,
+    agents: Annotated[str, typer.Option(help="Agents to run on every task.")] = DEFAULT_AGENTS,
+    config: Annotated[str, typer.Option(help="Baseline configuration: quick (CPU, minutes) or full (GPU).")] = "quick",
+    cases: Annotated[int | None, typer.Option(help="Synthetic cases per task (default: each task's own).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic data and of the runs.")] = 0,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Runs at once.")] = 1,
+    sandbox: Annotated[str, typer.Option(help="auto | bwrap | apptainer | docker | none.")] = "auto",
+    allow_unsandboxed: Annotated[bool, typer.Option(help="Needed for --sandbox none.")] = False,
+    time_limit: Annotated[str, typer.Option(help="Wall-clock limit per run.")] = "30m",
+    runs_dir: Annotated[Path | None, typer.Option(help="Run folders (default: <data>/demo-runs).")] = None,
+    force: Annotated[bool, typer.Option(help="Re-prepare the data and start the runs afresh.")] = False,
+    graders_only: Annotated[bool, typer.Option(help="Grade sample and gold submissions only (no agents).")] = False,
+    out: Annotated[Path | None, typer.Option(help="Report path (default: <runs>/demo/report.json).")] = None,
+) -> None:
+    """The main job: prepare synthetic data, run a baseline and the sample agent through the harness, grade, rank."""
+    from rexmle_grade.report import render_report
+    from rexmle_grade.settings import data_dir
+    from rexmle_tasks.registry import get_task, task_ids
+
+    root = data_dir()
+    started = time.perf_counter()
+    ids = task_ids() if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()]
+    for task_id in ids:
+        get_task(task_id)  # a typo fails now, naming close matches
+    if graders_only:
+        from rexmle_tasks.demo import run_demo
+
+        report = run_demo(ids, root=root, cases=cases, seed=seed, workers=workers, force=force)
+        render_report(report, console)
+        path = report.write(out or root / "demo_report.json")
+        console.print(f"report: {escape(str(path))}  ({time.perf_counter() - started:.0f} s in all)")
+        return
+    outcomes = run_main_job(ids, [a.strip() for a in agents.split(",") if a.strip()], root=root,
+                            runs_dir=runs_dir or root / "demo-runs", config=config, cases=cases, seed=seed,
+                            workers=workers, sandbox=sandbox, allow_unsandboxed=allow_unsandboxed,
+                            time_limit=time_limit, force=force)
+    from rexmle_agents.cli import write_group_report
+
+    write_group_report(outcomes, out or (runs_dir or root / "demo-runs") / "demo" / "report.json")
+    console.print(f"main job: {len(outcomes)} run(s) on {len(ids)} task(s) in {time.perf_counter() - started:.0f} s")
+    bad = [o for o in outcomes if o.state != "finished" or o.grade is None or o.grade.status != "valid"]
+    if bad:
+        raise RexmleError(f"{len(bad)} run(s) did not end with a valid graded submission: "
+                          + "; ".join(f"{o.run_id} ({o.state}: {o.reason})" for o in bad),
+                          hint="see each run's journal.jsonl and logs/ under the runs folder")
+
+
+def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir: Path, config: str,
+                 cases: int | None, seed: int, workers: int, sandbox: str, allow_unsandboxed: bool,
+                 time_limit: str, force: bool) -> list:
+    import shutil
+
+    from rexmle_agents.executors import run_specs
+    from rexmle_agents.harness.runner import build_spec
+    from rexmle_agents.harness.spec import Limits, parse_duration
+    from rexmle_tasks.check import check_task
+    from rexmle_tasks.pipeline import prepare_task, prepared_info, task_dirs
+    from rexmle_tasks.registry import get_task
+
+    for n, task_id in enumerate(task_ids, start=1):
+        task = get_task(task_id)
+        dirs = task_dirs(task, root)
+        step_started = time.perf_counter()
+        info = prepared_info(dirs)
+        if force or info is None or not info.synthetic:
+            console.print(f"[bold]({n}/{len(task_ids)}) {escape(task_id)}[/]: preparing synthetic data")
+            info = prepare_task(task, dirs, synthetic=True, cases=cases, seed=seed, force=True)
+        problems = check_task(task, dirs)
+        if problems:
+            raise RexmleError(f"leak check failed for {task_id}: " + "; ".join(problems))
+        console.print(f"    {escape(task_id)}: {info.n_train} train / {info.n_test} test cases, leak check passed "
+                      f"({time.perf_counter() - step_started:.1f} s)")
+    if force and (runs_dir / "demo").exists():
+        shutil.rmtree(runs_dir / "demo")
+    limits = Limits(time_limit_s=parse_duration(time_limit))
+    specs = []
+    for task_id in task_ids:
+        for agent in agents:
+            agent_config = {"config": config} if agent == "baseline" else {}
+            specs.append(build_spec(task_id, agent=agent, agent_config=agent_config, seed=seed, limits=limits,
+                                    sandbox=sandbox, allow_unsandboxed=allow_unsandboxed, data_root=root,
+                                    group="demo"))
+    console.print(f"running {len(specs)} run(s) through the harness ({escape(specs[0].sandbox)} sandbox) in "
+                  f"{escape(str(runs_dir / 'demo'))}")
+
+    def progress(outcome) -> None:  # noqa: ANN001 - a RunOutcome
+        grade = outcome.grade
+        pct = "-" if grade is None or grade.percentile is None else f"{grade.percentile:.1%}"
+        console.print(f"    {escape(outcome.state)} {escape(outcome.run_id)} · {outcome.seconds:.0f} s · "
+                      f"percentile {pct}")
+
+    return run_specs(specs, runs_dir, executor="local", workers=workers, progress=progress)
