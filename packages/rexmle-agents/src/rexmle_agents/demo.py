@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from rexmle_agents.harness.runner import RunOutcome
 from rexmle_grade.errors import RexmleError
 
 console = Console()
@@ -26,7 +27,7 @@ DEFAULT_AGENTS = "baseline,sample"
 
 
 def demo_command(
-    tasks: Annotated[str, typer.Option(help="Comma-separated task ids (or 'all' with --graders-only).")] = DEFAULT_TASKS,
+    tasks: Annotated[str, typer.Option(help="Comma-separated task ids ('all' with --graders-only).")] = DEFAULT_TASKS,
     agents: Annotated[str, typer.Option(help="Agents to run on every task.")] = DEFAULT_AGENTS,
     config: Annotated[str, typer.Option(help="Baseline configuration: quick (CPU, minutes) or full (GPU).")] = "quick",
     cases: Annotated[int | None, typer.Option(help="Synthetic cases per task (default: each task's own).")] = None,
@@ -75,7 +76,7 @@ def demo_command(
 
 def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir: Path, config: str,
                  cases: int | None, seed: int, workers: int, sandbox: str, allow_unsandboxed: bool,
-                 time_limit: str, force: bool) -> list:
+                 time_limit: str, force: bool) -> list[RunOutcome]:
     import shutil
 
     from rexmle_agents.executors import run_specs
@@ -111,7 +112,7 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
     console.print(f"running {len(specs)} run(s) through the harness ({escape(specs[0].sandbox)} sandbox) in "
                   f"{escape(str(runs_dir / 'demo'))}")
 
-    def progress(outcome) -> None:  # noqa: ANN001 - a RunOutcome
+    def progress(outcome: RunOutcome) -> None:
         grade = outcome.grade
         pct = "-" if grade is None or grade.percentile is None else f"{grade.percentile:.1%}"
         console.print(f"    {escape(outcome.state)} {escape(outcome.run_id)} · {outcome.seconds:.0f} s · "

@@ -1,0 +1,111 @@
+"""The search tree (or, for the R&D loop, a trajectory: a tree whose nodes mostly have one child) and its state.
+
+The tree also carries what a policy needs to resume exactly where it stopped: the knowledge log of the R&D loop and
+the counter of node ids. It round-trips through JSON (``to_state`` / ``from_state``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rexmle_agents.scaffolds.node import Node, NodeStatus
+from rexmle_grade.errors import RexmleError
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class Tree:
+    nodes: dict[int, Node] = field(default_factory=dict)
+    knowledge: list[dict[str, Any]] = field(default_factory=list)  # R&D loop: what worked and what failed
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes[i] for i in sorted(self.nodes))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    def new_node(self, stage: str, parent: int | None = None, **values: Any) -> Node:
+        node_id = max(self.nodes, default=-1) + 1
+        depth = 0
+        if parent is not None and stage == "debug":
+            depth = self.nodes[parent].debug_depth + 1
+        node = Node(id=node_id, stage=stage, parent=parent, debug_depth=depth, **values)
+        self.nodes[node_id] = node
+        if parent is not None:
+            self.nodes[parent].children.append(node_id)
+        return node
+
+    # ---- views ------------------------------------------------------------------------------------------------
+    @property
+    def done(self) -> list[Node]:
+        return [n for n in self if n.done]
+
+    @property
+    def pending(self) -> list[Node]:
+        return [n for n in self if not n.done]
+
+    @property
+    def drafts(self) -> list[Node]:
+        return [n for n in self if n.stage == "draft"]
+
+    @property
+    def good(self) -> list[Node]:
+        return [n for n in self if n.is_valid]
+
+    @property
+    def buggy_leaves(self) -> list[Node]:
+        return [n for n in self if n.done and n.is_buggy and not n.children]
+
+    def best(self) -> Node | None:
+        """The valid node with the best metric in its own direction; the earliest wins ties."""
+        best: Node | None = None
+        for node in self.good:
+            if best is None or node.score > best.score:  # type: ignore[operator]
+                best = node
+        return best
+
+    def path_to_root(self, node: Node) -> list[Node]:
+        path = [node]
+        while path[-1].parent is not None:
+            path.append(self.nodes[path[-1].parent])
+        return path
+
+    def siblings(self, node: Node) -> list[Node]:
+        if node.parent is None:
+            return [n for n in self if n.parent is None and n.id != node.id]
+        return [self.nodes[i] for i in self.nodes[node.parent].children if i != node.id]
+
+    # ---- persistence ------------------------------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "nodes": [n.to_dict() for n in self], "knowledge": list(self.knowledge)}
+
+    @classmethod
+    def from_state(cls, state: Any) -> Tree:
+        if state is None:
+            return cls()
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise RexmleError(f"the saved search state has format {got!r}, expected {STATE_FORMAT}",
+                              hint="resume the run with the rexmle-agents version that started it")
+        tree = cls(knowledge=list(state.get("knowledge", [])))
+        for raw in state["nodes"]:
+            node = Node.from_dict(raw)
+            tree.nodes[node.id] = node
+        return tree
+
+    def reset_pending(self) -> list[Node]:
+        """Nodes whose step never finished, wiped back to what their policy chose, to be redone."""
+        redo = []
+        for node in self.pending:
+            fresh = Node(id=node.id, stage=node.stage, parent=node.parent, children=node.children,
+                         status=NodeStatus.PENDING.value, hypothesis=node.hypothesis, debug_depth=node.debug_depth,
+                         worker=node.worker)
+            self.nodes[node.id] = fresh
+            redo.append(fresh)
+        return redo

@@ -1,0 +1,110 @@
+"""Each preset end to end through the real harness, in bubblewrap, on a synthetic task, with a scripted model."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rexmle_agents.harness.journal import Journal
+from rexmle_agents.harness.spec import Limits
+from rexmle_agents.scaffolds.engine import STATE_KEY
+from rexmle_agents.scaffolds.tree import Tree
+
+
+def tree_of(run_dir: Path) -> Tree:
+    state = None
+    for event in Journal(run_dir / "journal.jsonl").iter_events():
+        if event["kind"] == "agent_state" and event.get("key") == STATE_KEY:
+            state = event["state"]
+    return Tree.from_state(state)
+
+
+def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in Journal(run_dir / "journal.jsonl").iter_events() if e["kind"] == kind]
+
+
+def assert_submitted_best(outcome: Any, tree: Tree) -> None:
+    best = tree.best()
+    assert best is not None
+    final = json.loads((outcome.run_dir / "final" / "metadata.json").read_text())
+    assert final["snapshot"] == best.snapshot_id
+    assert (outcome.run_dir / "final" / "best_solution.py").read_text() == best.code
+    assert outcome.grade is not None and outcome.grade.valid_submission and outcome.grade.metrics
+
+
+def test_aide_recovers_from_a_crash_and_a_timeout_within_its_step_budget(run_scaffold, fakes) -> None:
+    fake = fakes.FakeModel([fakes.CRASH_SCRIPT, fakes.SLOW_SCRIPT, fakes.good(1.0)])
+    outcome, fake = run_scaffold("aide", fake, config={"num_drafts": 3, "debug_prob": 1.0},
+                                 limits=Limits(time_limit_s=120, max_steps=6, exec_timeout_s=8))
+    assert (outcome.state, outcome.limit) == ("finished", "steps")
+    tree = tree_of(outcome.run_dir)
+    assert len(tree.done) == 6 and len(events(outcome.run_dir, "step_finished")) == 6
+    crashed, slow, drafted = tree[0], tree[1], tree[2]
+    assert crashed.is_buggy and crashed.execution.exit_code == 1 and "RuntimeError" in crashed.execution.output_tail
+    assert slow.is_buggy and slow.execution.stopped_by == "timeout" and slow.execution.seconds < 15
+    assert drafted.is_valid
+    debugged = [n for n in tree if n.stage == "debug"]
+    assert debugged and all(n.is_valid for n in debugged)
+    assert {n.parent for n in debugged} <= {0, 1}
+    assert_submitted_best(outcome, tree)
+    summary = events(outcome.run_dir, "scaffold_summary")[-1]["nodes"]
+    assert [n["node"] for n in summary] == list(range(6))
+
+
+def test_mcts_expands_in_parallel_workers_and_debugs(run_scaffold, fakes) -> None:
+    fake = fakes.FakeModel([fakes.CRASH_SCRIPT, fakes.good(1.0)])
+    outcome, fake = run_scaffold("mcts", fake, config={"workers": 2, "num_drafts": 2, "max_nodes": 6},
+                                 limits=Limits(time_limit_s=120, exec_timeout_s=10))
+    assert outcome.state == "finished", outcome.reason
+    tree = tree_of(outcome.run_dir)
+    assert len(tree.done) == 6 and not tree.pending
+    assert {n.worker for n in tree} == {0, 1}
+    assert tree[0].is_buggy and any(n.stage == "debug" and n.parent == 0 for n in tree)
+    assert any(n.stage == "improve" for n in tree)
+    # every finished node was backed up to the root exactly once
+    assert sum(n.visits for n in tree if n.parent is None) == 6
+    assert_submitted_best(outcome, tree)
+
+
+def test_rdloop_runs_a_sample_first_and_keeps_a_knowledge_log(run_scaffold, fakes) -> None:
+    fake = fakes.FakeModel([fakes.CRASH_SCRIPT])
+    outcome, fake = run_scaffold("rdloop", fake, config={"max_nodes": 3},
+                                 limits=Limits(time_limit_s=120, exec_timeout_s=10))
+    assert outcome.state == "finished", outcome.reason
+    tree = tree_of(outcome.run_dir)
+    assert [n.stage for n in tree] == ["draft", "debug", "improve"]
+    assert tree[0].is_buggy and tree[0].sample_execution is not None and tree[0].execution is None
+    assert tree[1].hypothesis == tree[0].hypothesis and tree[1].is_valid
+    assert all(n.sample_execution.ok for n in (tree[1], tree[2]))
+    assert len(tree.knowledge) == 2 and tree.knowledge[0]["outcome"] == "worked"  # the crash was debugged, not logged
+    names = [e["name"] for e in events(outcome.run_dir, "exec_finished")]
+    assert any(name.endswith("node1-sample") for name in names) and any(name.endswith("node1") for name in names)
+    assert fake.counts["hypothesise"] == 2 and fake.counts["feedback"] == 2
+    assert_submitted_best(outcome, tree)
+
+
+def test_time_limit_ends_the_run_with_the_best_node_submitted(run_scaffold, fakes) -> None:
+    fake = fakes.FakeModel([fakes.good(1.0), fakes.SLOW_SCRIPT])
+    outcome, _ = run_scaffold("aide", fake, config={"num_drafts": 50},
+                              limits=Limits(time_limit_s=6, exec_timeout_s=60))
+    assert (outcome.state, outcome.limit) == ("timed_out", "time")
+    assert outcome.seconds < 6 + 5
+    tree = tree_of(outcome.run_dir)
+    assert tree[0].is_valid and all(n.is_buggy or not n.done for n in list(tree)[1:])
+    assert_submitted_best(outcome, tree)
+
+
+@pytest.mark.slow
+def test_a_scripted_twenty_node_aide_run_takes_under_two_minutes(run_scaffold, fakes) -> None:
+    fake = fakes.FakeModel([fakes.CRASH_SCRIPT, fakes.good(1.0)])
+    started = time.monotonic()
+    outcome, _ = run_scaffold("aide", fake, config={"num_drafts": 4}, limits=Limits(time_limit_s=600, max_steps=20,
+                                                                                  exec_timeout_s=30))
+    seconds = time.monotonic() - started
+    print(f"20-node aide run: {seconds:.1f} s")
+    assert len(tree_of(outcome.run_dir).done) == 20 and outcome.grade is not None
+    assert seconds < 120
