@@ -337,3 +337,47 @@ def test_value_problems_of_3d_masks_name_the_case(tmp_path: Path) -> None:
     with pytest.raises(InvalidSubmissionError) as caught:
         grader.load_prediction(case, column)
     assert caught.value.problems[0].startswith("case 'sub-1': predicted_mask_path 'mask.nii.gz' contains negative")
+
+
+MALFORMED_PREPARED = {
+    "not_json": "{task_id: isles22",
+    "not_an_object": "[1, 2]",
+    "missing_keys": json.dumps({"task_id": "isles22"}),
+    "wrong_type": json.dumps({"task_id": "isles22", "task_version": "1", "synthetic": True, "n_train": "many",
+                              "n_test": 2, "split_digest": "x", "prepared_at": "now"}),
+}
+
+
+def _rexmle(*args: str, data_env: Path | None = None) -> tuple[int, str, str]:
+    """The real `rexmle` command in a child process (wide console, so that one line stays one line)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "REXMLE_DATA_DIR"}
+    env["COLUMNS"] = "500"
+    if data_env is not None:
+        env["REXMLE_DATA_DIR"] = str(data_env)
+    done = subprocess.run([sys.executable, "-m", "rexmle_grade.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED_PREPARED))
+def test_malformed_prepared_json_is_a_one_line_error(kind: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "isles22").mkdir(parents=True)
+    (data / "isles22" / "prepared.json").write_text(MALFORMED_PREPARED[kind])
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    code, _, err = _rexmle("grade", "run", "isles22", str(submission), "--data-dir", str(data))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "prepared.json is malformed" in lines[0] and "--force" in lines[0], err
+
+
+def test_data_dir_after_the_sub_command_is_used(tmp_path: Path) -> None:
+    code, out, err = _rexmle("tasks", "info", "isles22", "--data-dir", str(tmp_path / "after"),
+                             data_env=tmp_path / "env")
+    assert code == 0, err
+    assert str(tmp_path / "after" / "isles22") in out and str(tmp_path / "env") not in out

@@ -35,7 +35,7 @@ import sys
 import textwrap
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -733,6 +733,10 @@ def out_of_set_label_volume(c: Case) -> tuple[str, ...]:
 
 
 def _grid_changed(c: Case, **change: Any) -> tuple[str, ...]:
+    ignored = [name for name in change if name in c.p.grader.header_rule.ignored]
+    if ignored:
+        raise NotApplicable(f"the official evaluation ignores the prediction's {ignored[0]}: accepted with a warning "
+                            "(test_ignored_header_fields_grade_like_gold)")
     array, geometry = _gold_volume(c)
     if "size" in change:
         array = np.zeros(tuple(reversed(change["size"])), dtype=array.dtype)
@@ -1486,6 +1490,47 @@ def test_harmless_csv_formatting_keeps_the_gold_submission_valid(prepared: Prepa
     assert not outcome.forbidden, outcome.forbidden
     assert outcome.report.ok and outcome.result.status == "valid", outcome.explain()
     assert outcome.result.metrics == pytest.approx(prepared.gold_result.metrics, rel=1e-12, abs=1e-12)
+
+
+HEADER_CHANGES: dict[str, Callable[[Geometry], Any]] = {
+    "spacing": lambda g: tuple(s * 1.5 for s in g.spacing),
+    "origin": lambda g: tuple(o + 5.0 for o in g.origin),
+    "direction": lambda g: (0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("field_name", list(HEADER_CHANGES))
+def test_ignored_header_fields_grade_like_gold(prepared: Prepared, field_name: str, tmp_path: Path) -> None:
+    """A header field the official evaluation ignores may differ: the gold voxels still grade exactly like gold, on
+    the ground truth's grid, and validation and grading both warn naming the field."""
+    if not any(c.kind is FileKind.LABEL_VOLUME for c in prepared.grader.schema.file_columns):
+        pytest.skip("no prediction volumes")
+    if field_name not in prepared.grader.header_rule.ignored:
+        pytest.skip(f"{prepared.task_id} checks the prediction's {field_name} (wrong_{field_name}_volume)")
+    c = Case.create(prepared, tmp_path, prepared.grader.schema.file_columns[0])
+    array, geometry = _gold_volume(c)
+    _write_volume_file(c, array, Geometry(**{**asdict(geometry), field_name: HEADER_CHANGES[field_name](geometry)}))
+    outcome = run_watched(prepared, c.submission, decoys=[c.outside])
+    assert not outcome.forbidden, outcome.forbidden
+    assert outcome.report.ok and outcome.result.status == "valid", outcome.explain()
+    assert outcome.result.metrics == pytest.approx(prepared.gold_result.metrics, rel=1e-12, abs=1e-12)
+    for warnings in (outcome.report.warnings, outcome.result.warnings):
+        assert len(warnings) == 1 and field_name in warnings[0] and c.case_id in warnings[0], warnings
+
+
+def test_truncated_private_file_is_a_grader_error(prepared: Prepared, tmp_path: Path) -> None:
+    """Every grader verifies every private file it reads: gold graded against a private folder whose first case's
+    answer file lost its second half is a grader error naming that case, never a grade against a corrupt key."""
+    c = Case.create(prepared, tmp_path, None)
+    target = c.private_file()
+    if target is None:
+        pytest.skip("the answers are values in answers.csv, no private file")
+    private = tmp_path / "private"
+    shutil.copytree(prepared.private, private)
+    cut = private / target.relative_to(prepared.private)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    result = grade_submission(prepared.grader, prepared.gold, prepared.public, private)
+    assert result.status == "grader_error", (result.status, result.metrics, result.problems)
 
 
 def test_sample_submission_validates_and_grades_without_reaching_out(prepared: Prepared, tmp_path: Path) -> None:

@@ -13,4 +13,13 @@ from rexmle_grade.errors import (
     RexmleError,
 )
 
-__all__ = ["GraderError", "InvalidSubmissionError", "RexmleError", "__version__"]
+__all__ = ["GraderError", "InvalidSubmissionError", "RexmleError", "__version__", "score_arrays", "score_files"]
+
+
+def __getattr__(name: str) -> object:
+    # the evaluation-library entry points, imported on first use so that `import rexmle_grade` stays light
+    if name in ("score_files", "score_arrays"):
+        from rexmle_grade import files
+
+        return getattr(files, name)
+    raise AttributeError(f"module 'rexmle_grade' has no attribute {name!r}")

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from rexmle_grade.errors import RexmleError
 from rexmle_grade.settings import DATA_DIR_ENV, rexmle_versions
@@ -74,7 +75,8 @@ def load_plugins() -> None:
         try:
             obj = ep.load()
         except Exception as exc:  # a broken plugin must not take the whole CLI down
-            err_console.print(f"[yellow]warning:[/] could not load rexmle command {ep.name!r} ({ep.value}): {exc}")
+            err_console.print(Text.assemble(("warning:", "yellow"), f" could not load rexmle command {ep.name!r} "
+                                                                    f"({ep.value}): {exc}"))
             continue
         if isinstance(obj, typer.Typer):
             app.add_typer(obj, name=ep.name)
@@ -83,9 +85,35 @@ def load_plugins() -> None:
 
 
 
+ROOT_OPTIONS_WITH_VALUE = ("--data-dir",)
+
+
+def hoist_root_options(argv: list[str]) -> list[str]:
+    """Move the root options that users also type after the sub-command (``rexmle prepare isles22 --data-dir D``)
+    to the front, where click expects them. Nothing after a ``--`` is touched."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in ROOT_OPTIONS_WITH_VALUE:
+            takes_next = "=" not in arg and i + 1 < len(argv)
+            front += argv[i:i + 2] if takes_next else [arg]
+            i += 2 if takes_next else 1
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``rexmle`` command and return its exit code (usage errors exit 2, rexmle errors their own code)."""
     load_plugins()
+    argv = hoist_root_options(sys.argv[1:] if argv is None else list(argv))
     try:
         app(args=argv, prog_name="rexmle", standalone_mode=True)
     except SystemExit as exc:
@@ -93,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     except RexmleError as exc:
         if _STATE["verbose"]:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        # messages quote user and submission text (ids, paths), which must print as written, never as markup
+        err_console.print(Text.assemble(("error:", "bold red"), " ", exc.message), highlight=False)
         if exc.hint:
-            err_console.print(f"  [cyan]hint:[/] {exc.hint}", highlight=False)
+            err_console.print(Text.assemble("  ", ("hint:", "cyan"), " ", exc.hint), highlight=False)
         return exc.exit_code
     return 0
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -53,13 +54,19 @@ def validate_command(
     target = resolve_target(task)
     grader = get_grader(target.grader_id)
     with _progress() as bar:
-        job = bar.add_task(f"validating {task}", total=None)
+        job = bar.add_task(f"validating {escape(task)}", total=None)
         report = validate_submission(grader, submission_dir, target.public_dir, deep=not shallow, workers=workers,
                                      progress=lambda n, total: bar.update(job, completed=n, total=total))
     if not report.ok:
         raise InvalidSubmissionError(report.problems, hint=f"see the submission format in "
                                                           f"{target.public_dir / 'description.md'}")
     console.print(f"[green]valid[/]: {report.n_rows} rows, every test case present, every file readable")
+    _print_warnings(report.warnings)
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 @app.command("run")
@@ -76,13 +83,13 @@ def run_command(
 
     target = resolve_target(task)
     with _progress() as bar:
-        job = bar.add_task(f"grading {task}", total=None)
+        job = bar.add_task(f"grading {escape(task)}", total=None)
         entry = evaluate_submission(target, submission_dir, workers=workers,
                                     progress=lambda n, total: bar.update(job, completed=n, total=total))
     report = GradingReport.build([entry])
     render_report(report, console)
     path = report.write(out or submission_dir.parent / f"{submission_dir.name}.grading_report.json")
-    console.print(f"report: {path}")
+    console.print(f"report: {path}", markup=False, highlight=False)
     if entry.status == "grader_error":
         console.print(f"[red]grader error (a bug in rexmle, not in the submission):[/]\n{entry.error}", markup=False)
         raise typer.Exit(1)
@@ -96,7 +103,7 @@ def batch_command(
     workers: Workers = max(1, min(4, os.cpu_count() or 1)),
 ) -> None:
     """Grade many submissions (e.g. agents x tasks x seeds) into one versioned report with totals."""
-    from rexmle_grade.evaluate import evaluate_submission
+    from rexmle_grade.evaluate import evaluate_submission, failed_entry
     from rexmle_grade.report import GradingReport, render_report
     from rexmle_grade.targets import resolve_target
 
@@ -105,13 +112,61 @@ def batch_command(
     with _progress() as bar:
         job = bar.add_task("grading", total=len(jobs))
         for line in jobs:
-            target = resolve_target(line["task_id"])
             labels = {k: str(v) for k, v in line.items() if k not in ("task_id", "submission_dir")}
-            entries.append(evaluate_submission(target, line["submission_dir"], workers=workers, labels=labels))
+            # one bad line (unknown task, unprepared task, a grader bug) becomes its entry, never the batch's end
+            try:
+                target = resolve_target(line["task_id"])
+                entry = evaluate_submission(target, line["submission_dir"], workers=workers, labels=labels)
+            except Exception as exc:
+                entry = failed_entry(str(line["task_id"]), line["submission_dir"], exc, labels=labels)
+            entries.append(entry)
             bar.advance(job)
     report = GradingReport.build(entries)
     render_report(report, console)
-    console.print(f"report: {report.write(out)}")
+    console.print(f"report: {report.write(out)}", markup=False, highlight=False)
+
+
+@app.command("files")
+def files_command(
+    grader_id: Annotated[str, typer.Argument(metavar="GRADER", help="Grader id (see `rexmle grade list`).")],
+    truth: Annotated[Path, typer.Option("--truth", help="Ground-truth folder (or one file).")],
+    pred: Annotated[Path, typer.Option("--pred", help="Prediction folder (or one file), paired by case id.")],
+    extra: Annotated[list[str] | None, typer.Option(
+        "--extra", help="Further answers the grader needs, NAME=DIR_OR_FILE (TopCoW task 1: roi_path=DIR).")] = None,
+    workers: Workers = 1,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the JSON report.")] = None,
+) -> None:
+    """Score prediction files against ground-truth files directly, without a prepared task (pairs by case id)."""
+    from rexmle_grade.files import score_files
+    from rexmle_grade.report import GradingReport, ReportEntry, render_report
+
+    extras = {}
+    for item in extra or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UserInputError(f"--extra {item!r} is not NAME=DIR_OR_FILE", hint="e.g. --extra roi_path=rois/")
+        extras[name.strip()] = Path(value.strip())
+    grader = get_grader(grader_id)
+    with _progress() as bar:
+        job = bar.add_task(f"scoring {escape(grader_id)}", total=None)
+        result = score_files(grader, truth, pred, workers=workers,
+                             progress=lambda n, total: bar.update(job, completed=n, total=total), **extras)
+    entry = ReportEntry(task_id=grader.grader_id, grader_id=grader.grader_id, submission_path=str(pred),
+                        submission_exists=True, valid_submission=result.valid, status=result.status,
+                        problems=result.problems, warnings=result.warnings, error=result.error,
+                        metrics=result.metrics, per_case=result.per_case, conventions=list(grader.conventions),
+                        seconds=result.seconds, labels={"truth": str(truth)})
+    report = GradingReport.build([entry])
+    render_report(report, console)
+    if result.valid:
+        for name, value in result.metrics.items():
+            console.print(f"{name} = {value:.6g}", markup=False, highlight=False)
+    if out is not None:
+        console.print(f"report: {report.write(out)}", markup=False, highlight=False)
+    if result.status == "grader_error":
+        console.print(f"grader error (a bug in rexmle or unreadable ground truth):\n{result.error}", markup=False)
+    if not result.valid:
+        raise typer.Exit(1)
 
 
 def _read_runs(path: Path) -> list[dict]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from rexmle_grade.errors import InvalidSubmissionError, RexmleError
 from rexmle_grade.grader import get_grader
 from rexmle_grade.grading import grade_submission
 from rexmle_grade.ranking import rank_submission
@@ -33,7 +35,7 @@ def evaluate_submission(target: GradingTarget, submission_dir: str | Path, *, wo
                               progress=progress)
     entry = ReportEntry(**common, submission_exists=True, valid_submission=result.valid, status=result.status,
                         problems=result.problems, error=result.error, metrics=result.metrics,
-                        per_case=result.per_case, seconds=result.seconds)
+                        per_case=result.per_case, warnings=result.warnings, seconds=result.seconds)
     if board is None or not result.valid:
         return entry
     ranked = rank_submission(board, {m: _num(result.metrics.get(m)) for m in board.metrics})
@@ -49,3 +51,17 @@ def evaluate_submission(target: GradingTarget, submission_dir: str | Path, *, wo
 
 def _num(value: float | None) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def failed_entry(task_id: str, submission_dir: str | Path, exc: BaseException, *,
+                 labels: Mapping[str, str] | None = None) -> ReportEntry:
+    """The report entry of a submission whose grading raised: an invalid submission for a format problem, a grader
+    error (with the message, or the traceback of a bug) for anything else, so that a batch keeps its report."""
+    common = dict(task_id=task_id, grader_id="", submission_path=str(submission_dir),
+                  submission_exists=Path(submission_dir).is_dir(), valid_submission=False, labels=dict(labels or {}))
+    if isinstance(exc, InvalidSubmissionError):
+        return ReportEntry(**common, status="invalid_submission", problems=exc.problems)
+    if isinstance(exc, RexmleError):
+        return ReportEntry(**common, status="grader_error", problems=[exc.message], error=str(exc))
+    error = "".join(traceback.format_exception(exc))
+    return ReportEntry(**common, status="grader_error", problems=[f"{type(exc).__name__}: {exc}"], error=error)

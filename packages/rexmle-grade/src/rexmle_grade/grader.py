@@ -20,7 +20,9 @@ import importlib
 import json
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib.metadata import entry_points
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError, UnknownNameError
-from rexmle_grade.io import Geometry, resolve_inside
+from rexmle_grade.io import HEADER_FIELDS, HEADER_TOLERANCES, Geometry, resolve_inside
 from rexmle_grade.schema import FileColumn, SubmissionSchema
 
 TEST_MANIFEST = "test_manifest.json"
@@ -50,6 +52,79 @@ class MetricSpec:
     description: str
     ranked: bool = True
     best: float | None = None  # the best attainable value, where one exists (1.0 for Dice, 0.0 for an error)
+
+
+class HeaderUse(str, Enum):
+    """What the official evaluation does with the header (spacing, origin, direction) of a prediction image."""
+
+    IGNORES = "ignores"  # copies the ground truth's header onto the prediction (CopyInformation)
+    CHECKS = "checks"  # compares (some of) it with the ground truth's and fails on a difference
+    USES = "uses"  # computes with it (e.g. a voxel volume), so a forged header would change a score
+    NOT_PUBLIC = "not public"  # no official evaluation code to follow
+    NO_HEADER = "no header"  # 2-D pixel images, JSON documents or values: nothing physical to compare
+
+
+@dataclass(frozen=True)
+class HeaderRule:
+    """How a grader treats prediction headers: a difference in a ``checked`` field rejects the prediction; one in
+    another field is reported as a warning and the prediction is scored on the ground truth's grid."""
+
+    official: HeaderUse
+    checked: tuple[str, ...]
+    why: str
+
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        return tuple(name for name in HEADER_FIELDS if name not in self.checked)
+
+    @property
+    def convention(self) -> str:
+        """The rule as one line of a grader's conventions."""
+        if self.official is HeaderUse.NO_HEADER:
+            return f"Prediction headers: {self.why}"
+        parts = ["a prediction of another size is rejected"]
+        if self.checked:
+            tolerances = ", ".join(f"{name} {HEADER_TOLERANCES[name]:g}" for name in self.checked)
+            parts.append(f"a different {' or '.join(self.checked)} is rejected (tolerances: {tolerances})")
+        if self.ignored:
+            parts.append(f"a different {' or '.join(self.ignored)} is accepted with a warning naming the fields, and "
+                         "the prediction is scored on the ground truth's grid")
+        source = ("no official evaluation code is public" if self.official is HeaderUse.NOT_PUBLIC
+                  else f"the official evaluation {self.official.value} them")
+        return f"Prediction headers ({source}): {self.why} Here " + "; ".join(parts) + "."
+
+
+#: rule of graders whose predictions are JSON documents or CSV values
+NO_IMAGE_HEADER = HeaderRule(HeaderUse.NO_HEADER, (), "none read (predictions are JSON documents or CSV values).")
+#: rule of graders whose predictions are 2-D pixel images
+IMAGE_2D_HEADER = HeaderRule(HeaderUse.NO_HEADER, (), "none read (2-D pixel images carry no spacing, origin or "
+                                                      "direction the evaluation uses); only the size must equal the "
+                                                      "test image's.")
+#: rule of graders whose official evaluation copies the ground truth's header onto the prediction
+COPIED_HEADER = HeaderRule(HeaderUse.IGNORES, (), "the official code copies the ground truth's spacing, origin and "
+                                                  "direction onto the prediction (CopyInformation) and scores any "
+                                                  "prediction of the right size.")
+
+_CASE_WARNINGS: ContextVar[list[str] | None] = ContextVar("rexmle_case_warnings", default=None)
+
+
+def warn_case(message: str) -> None:
+    """Record a warning about the case being checked or scored (e.g. a header difference the grader ignores); it
+    reaches the validation result, the grade result and the report (see :func:`collect_case_warnings`)."""
+    found = _CASE_WARNINGS.get()
+    if found is not None:
+        found.append(message)
+
+
+@contextmanager
+def collect_case_warnings() -> Iterator[list[str]]:
+    """Collect the :func:`warn_case` messages of the code run inside (one case at a time, in any process)."""
+    found: list[str] = []
+    token = _CASE_WARNINGS.set(found)
+    try:
+        yield found
+    finally:
+        _CASE_WARNINGS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -131,6 +206,8 @@ class Grader(ABC):
     conventions: tuple[str, ...] = ()
     #: where the metric definitions come from (repository @ commit, or page)
     reference: str = ""
+    #: what the official evaluation does with prediction headers, and so what this grader checks
+    header_rule: HeaderRule = NO_IMAGE_HEADER
 
     # ---- metric facts -------------------------------------------------------------------------------------
     @property

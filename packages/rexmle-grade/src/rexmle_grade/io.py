@@ -24,8 +24,8 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -40,6 +40,10 @@ MAX_JSON_VALUES = 5_000_000  # a dense PUMA nuclei file holds about a million
 MAX_FILE_BYTES = 2048 * MiB
 MAX_DECODED_BYTES = 4096 * MiB
 MAX_IMAGE_PIXELS_2D = 400_000_000
+
+#: the header fields of a 3-D image beyond its size, and how far a prediction's may differ from the test image's
+HEADER_FIELDS = ("spacing", "origin", "direction")
+HEADER_TOLERANCES = {"spacing": 1e-4, "origin": 1e-3, "direction": 1e-4}
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd", ".seg.nrrd")
 IMAGE_2D_SUFFIXES = (".png", ".tif", ".tiff", ".bmp", ".jpg", ".jpeg")
@@ -151,22 +155,30 @@ class Geometry:
         """Shape of the numpy array SimpleITK/PIL produce for this grid (axes reversed)."""
         return tuple(reversed(self.size))
 
-    def mismatches(self, other: Geometry, *, spacing_tol: float = 1e-4, origin_tol: float = 1e-3,
-                   direction_tol: float = 1e-4) -> list[str]:
-        """Human-readable differences of ``other`` (what arrived) from ``self`` (what is expected)."""
+    def mismatches(self, other: Geometry, *, fields: Collection[str] = HEADER_FIELDS,
+                   reference: str = "the test image") -> list[str]:
+        """Human-readable differences of ``other`` (what arrived) from ``self`` (what is expected): the size, then
+        the header ``fields`` among :data:`HEADER_FIELDS` (each within its :data:`HEADER_TOLERANCES`)."""
         problems: list[str] = []
         if tuple(other.size) != tuple(self.size):
-            problems.append(f"size {list(other.size)} but the test image has size {list(self.size)}")
+            problems.append(f"size {list(other.size)} but {reference} has size {list(self.size)}")
             return problems
-        for name, tol in (("spacing", spacing_tol), ("origin", origin_tol), ("direction", direction_tol)):
+        for name in HEADER_FIELDS:
+            if name not in fields:
+                continue
+            tol = HEADER_TOLERANCES[name]
             want, got = getattr(self, name), getattr(other, name)
             if want is None or got is None:
                 continue
             if len(want) != len(got) or any(abs(a - b) > tol for a, b in zip(want, got, strict=True)):
                 shown = [round(v, 6) for v in got]
                 expected = [round(v, 6) for v in want]
-                problems.append(f"{name} {shown} but the test image has {name} {expected} (tolerance {tol})")
+                problems.append(f"{name} {shown} but {reference} has {name} {expected} (tolerance {tol})")
         return problems
+
+    def with_header_of(self, other: Geometry, fields: Collection[str]) -> Geometry:
+        """This grid with the header ``fields`` copied from ``other`` (as ITK's ``CopyInformation`` does)."""
+        return replace(self, **{name: getattr(other, name) for name in fields})
 
 
 @dataclass
@@ -175,6 +187,8 @@ class Volume:
 
     array: np.ndarray
     geometry: Geometry
+    #: header fields of the file that differed from the expected grid and were replaced by it (see read_volume)
+    header_differences: tuple[str, ...] = ()
 
     @property
     def spacing_zyx(self) -> tuple[float, float, float]:
@@ -304,20 +318,26 @@ def read_volume_geometry(path: Path, *, what: str = "image") -> tuple[Geometry, 
 
 
 def read_volume(path: Path, *, what: str = "image", expected: Geometry | None = None,
-                integer: bool = False) -> Volume:
+                integer: bool = False, checked: Collection[str] = HEADER_FIELDS) -> Volume:
     """Read a 3-D image safely.
 
-    The header is checked first (3-D, one component, decoded size under the limit, geometry equal to
-    ``expected``), then the voxels are decoded. ``integer=True`` requires an integer pixel type (label maps).
-    Non-finite voxels are rejected.
+    The header is checked first (3-D, one component, decoded size under the limit, size and the ``checked`` header
+    fields equal to ``expected``), then the voxels are decoded. Header fields that are not ``checked`` and differ
+    from ``expected`` are replaced by the expected ones (the volume is placed on the expected grid) and listed in
+    :attr:`Volume.header_differences`. ``integer=True`` requires an integer pixel type (label maps). Non-finite
+    voxels are rejected.
     """
     sitk = _sitk()
     geometry, pixel, components = read_volume_geometry(path, what=what)
     if components != 1:
         raise InvalidSubmissionError(f"{what} {path.name!r} has {components} components per voxel; expected 1")
-    problems = expected.mismatches(geometry) if expected is not None else []
+    problems = expected.mismatches(geometry, fields=checked) if expected is not None else []
     if problems:
         raise InvalidSubmissionError([f"{what} {path.name!r}: {p}" for p in problems])
+    ignored = [name for name in HEADER_FIELDS if name not in checked]
+    differences = tuple(expected.mismatches(geometry, fields=ignored)) if expected is not None else ()
+    if differences:
+        geometry = geometry.with_header_of(expected, ignored)
     n_voxels = math.prod(geometry.size)
     if n_voxels * 8 > MAX_DECODED_BYTES:
         raise InvalidSubmissionError(f"{what} {path.name!r} declares {n_voxels} voxels, beyond the size limit")
@@ -335,7 +355,7 @@ def read_volume(path: Path, *, what: str = "image", expected: Geometry | None = 
     array = sitk.GetArrayFromImage(image)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise InvalidSubmissionError(f"{what} {path.name!r} contains NaN or infinite values")
-    return Volume(array=array, geometry=geometry)
+    return Volume(array=array, geometry=geometry, header_differences=differences)
 
 
 NIFTI_READ_CHUNK = 4 * MiB

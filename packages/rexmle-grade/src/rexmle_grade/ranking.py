@@ -20,13 +20,14 @@ listed in ``nan_metrics``; NaN cells of the leaderboard never count as better th
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rexmle_grade.errors import RexmleError
+from rexmle_grade.errors import RexmleError, UserInputError
 from rexmle_grade.grader import Direction
 
 LEADERBOARD_FIXED_COLUMNS = ("rank", "team", "mean_position")
@@ -115,6 +116,13 @@ def position(value: float | None, column: Sequence[float], direction: Direction)
 
 @dataclass(frozen=True)
 class RankResult:
+    """Where a submission lands on a leaderboard.
+
+    ``thresholds`` (gold, silver, bronze, median) are the mean positions of the board's rows recomputed from their
+    unrounded metric values, not the 2-decimal ``mean_position`` column of the leaderboard CSV; medals and
+    ``above_median`` compare the submission's mean position with them.
+    """
+
     positions: dict[str, int]
     mean_position: float
     percentile: float
@@ -140,7 +148,19 @@ class RankResult:
 
 
 def rank_submission(leaderboard: Leaderboard, metrics: Mapping[str, float | None]) -> RankResult:
-    """Rank one submission's metrics against ``leaderboard`` (see module docstring)."""
+    """Rank one submission's metrics against ``leaderboard`` (see module docstring).
+
+    ``metrics`` may hold a grader's unranked metrics beside the board columns, and may leave out a board column
+    (which counts as NaN: the worst position). Both at once is taken for a misspelling, which would otherwise rank
+    last silently: a name that is not a board column while a board column is missing raises
+    :class:`UserInputError`.
+    """
+    unknown = sorted(set(metrics) - set(leaderboard.metrics))
+    if unknown and any(m not in metrics for m in leaderboard.metrics):
+        close = {name: difflib.get_close_matches(name, leaderboard.metrics, n=1) for name in unknown}
+        hint = "; ".join(f"{name!r}: did you mean {match[0]!r}?" for name, match in close.items() if match)
+        raise UserInputError(f"metric(s) {unknown} are not columns of the leaderboard; its columns are "
+                             f"{leaderboard.metrics}", hint=hint or "pass only the leaderboard's ranked metrics")
     n = leaderboard.n_rows
     positions: dict[str, int] = {}
     nan_metrics: list[str] = []

@@ -38,6 +38,8 @@ class ReportEntry(BaseModel):
     valid_submission: bool
     status: str  # valid | invalid_submission | grader_error | missing
     problems: list[str] = Field(default_factory=list)
+    #: accepted departures worth knowing, e.g. prediction header fields that differ and were ignored when scoring
+    warnings: list[str] = Field(default_factory=list)
     error: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     per_case: list[dict[str, Any]] = Field(default_factory=list)
@@ -144,6 +146,7 @@ def render_report(report: GradingReport, console: Any | None = None) -> None:
     """Print a rich table of the entries and the totals."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     table = Table(title=f"rexmle grading report ({len(report.entries)} submission(s))")
@@ -151,16 +154,19 @@ def render_report(report: GradingReport, console: Any | None = None) -> None:
         table.add_column(col, overflow="fold")
     for e in report.entries:
         medal = "gold" if e.gold_medal else "silver" if e.silver_medal else "bronze" if e.bronze_medal else "-"
-        status = "[green]valid[/]" if e.valid_submission else f"[red]{e.status}[/]"
+        status = Text("valid", style="green") if e.valid_submission else Text(e.status, style="red")
+        if e.warnings:
+            status.append(f" ({len(e.warnings)} warning(s))", style="yellow")
         shown = ", ".join(f"{k} {v:.4g}" for k, v in list(e.metrics.items())[:4])
+        # every cell holding user or submission text is a Text, never markup: an id such as 'zz[/]bad' is data
         table.add_row(
-            e.task_id + ("" if not e.labels else " " + " ".join(f"{k}={v}" for k, v in e.labels.items())),
+            Text(e.task_id + ("" if not e.labels else " " + " ".join(f"{k}={v}" for k, v in e.labels.items()))),
             status,
             "-" if e.score is None else f"{e.score:.2f} / {e.leaderboard_rows}",
             "-" if e.percentile is None else f"{e.percentile:.1%}",
             medal,
             "-" if e.inserted_rank is None else str(e.inserted_rank),
-            shown or "; ".join(e.problems[:2])[:120],
+            Text(shown or "; ".join(e.problems[:2])[:120]),
         )
     console.print(table)
     t = report.totals
@@ -173,9 +179,13 @@ def render_report(report: GradingReport, console: Any | None = None) -> None:
     )
     for e in report.entries:
         if e.problems and not e.valid_submission:
-            console.print(f"[red]{e.task_id}[/] problems:")
+            console.print(Text(f"{e.task_id} problems:", style="red"))
             for p in e.problems[:10]:
-                console.print(f"  - {p}", markup=False)
+                console.print(f"  - {p}", markup=False, highlight=False)
+        if e.warnings:
+            console.print(Text(f"{e.task_id} warnings:", style="yellow"))
+            for w in e.warnings[:10]:
+                console.print(f"  - {w}", markup=False, highlight=False)
 
 
 def _now() -> str:

@@ -7,8 +7,9 @@
 * value columns: parseable, finite, within their allowed choices;
 * path columns: relative, no ``..``, inside the folder after following symlinks, existing regular files with an
   accepted suffix and a sane size;
-* with ``deep=True`` every prediction file is read and checked by the grader (decodable, geometry equal to the
-  test image's, integer labels from the allowed set, no NaN/inf, JSON structure).
+* with ``deep=True`` every prediction file is read and checked by the grader (decodable, size equal to the test
+  image's and the header fields its ``header_rule`` checks too, integer labels from the allowed set, no NaN/inf,
+  JSON structure). Header fields the official evaluation ignores may differ: they come back as ``warnings``.
 
 Harmless formatting is accepted: a UTF-8 byte-order mark, CRLF line ends, quoted fields, any column order, blank
 lines, and whitespace around cells (cells are stripped, so ``" c1 "`` is the id ``c1``).
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rexmle_grade.errors import InvalidSubmissionError
-from rexmle_grade.grader import CaseInput, Grader, TestManifest
+from rexmle_grade.grader import CaseInput, Grader, TestManifest, collect_case_warnings
 from rexmle_grade.io import MAX_CSV_BYTES, MAX_FILE_BYTES, resolve_inside
 from rexmle_grade.schema import SUBMISSION_CSV, ValueColumn
 
@@ -45,6 +46,8 @@ class ValidationReport:
     problems: list[str]
     n_rows: int = 0
     rows: list[dict[str, str]] = field(default_factory=list, repr=False)
+    #: accepted departures worth knowing, e.g. prediction header fields that differ and are ignored when scoring
+    warnings: list[str] = field(default_factory=list)
 
     def raise_if_invalid(self) -> None:
         if not self.ok:
@@ -209,12 +212,14 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int = 1,
 class _DeepCheck:
     grader: Grader
 
-    def __call__(self, case: CaseInput) -> list[str]:
-        try:
-            self.grader.check_case(case)
-        except InvalidSubmissionError as exc:
-            return exc.problems
-        return []
+    def __call__(self, case: CaseInput) -> tuple[list[str], list[str]]:
+        """(problems, warnings) of one case."""
+        with collect_case_warnings() as warnings:
+            try:
+                self.grader.check_case(case)
+            except InvalidSubmissionError as exc:
+                return exc.problems, warnings
+        return [], warnings
 
 
 def validate_submission(grader: Grader, submission_dir: str | Path, public_dir: str | Path, *, deep: bool = True,
@@ -228,11 +233,14 @@ def validate_submission(grader: Grader, submission_dir: str | Path, public_dir: 
         return ValidationReport(ok=False, problems=summarise(exc.problems))
     problems = check_table(grader, rows, manifest)
     problems += check_paths(grader, rows, submission_dir)
+    warnings: list[str] = []
     if not problems and deep:
         cases = build_cases(rows, grader, manifest, submission_dir, private_dir=Path("/nonexistent-private"))
-        for case_problems in parallel_map(_DeepCheck(grader), cases, workers, progress):
+        for case_problems, case_warnings in parallel_map(_DeepCheck(grader), cases, workers, progress):
             problems += case_problems
-    return ValidationReport(ok=not problems, problems=summarise(problems), n_rows=len(rows), rows=rows)
+            warnings += case_warnings
+    return ValidationReport(ok=not problems, problems=summarise(problems), n_rows=len(rows), rows=rows,
+                            warnings=summarise(warnings))
 
 
 def _list(items: Iterable[Any], limit: int = 10) -> str:

@@ -134,10 +134,21 @@ def test_grid_mismatch_without_manifest_geometry_is_the_submissions_fault(one_ca
                                                                           geometry_for) -> None:
     gt, public, private = one_case(with_geometry=False)
     grader = get_grader("topcow-track1-task1")
-    bad = submit_mask(grader, write_submission, gt, geometry_for(gt.shape, (1.0, 1.0, 2.0)))
+    bad = submit_mask(grader, write_submission, np.pad(gt, ((0, 1), (0, 0), (0, 0))), geometry_for((7, 7, 8)))
     result = grade_submission(grader, bad, public, private)
     assert result.status == "invalid_submission"
-    assert any("spacing" in p for p in result.problems), result.problems
+    assert any("size" in p for p in result.problems), result.problems
+
+
+def test_header_difference_without_manifest_geometry_is_ignored_with_a_warning(one_case, write_submission,
+                                                                               geometry_for) -> None:
+    gt, public, private = one_case(with_geometry=False)
+    grader = get_grader("topcow-track1-task1")
+    other_header = submit_mask(grader, write_submission, gt, geometry_for(gt.shape, (1.0, 1.0, 2.0)))
+    result = grade_submission(grader, other_header, public, private)
+    assert result.status == "valid", result.problems or result.error
+    assert (result.metrics["dice"], result.metrics["hd95"]) == (1.0, 0.0)
+    assert len(result.warnings) == 1 and "spacing" in result.warnings[0], result.warnings
 
 
 def test_manifest_disagreeing_with_the_ground_truth_is_a_grader_error(one_case, write_submission,

@@ -10,7 +10,9 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rexmle_grade.cli import make_app
 from rexmle_grade.errors import RexmleError, UnknownNameError, UserInputError
@@ -54,7 +56,7 @@ def list_command() -> None:
         # the ids and the state stay whole (users copy them); free text wraps on a narrow terminal
         table.add_column(column, no_wrap=column in ("id", "prepared"))
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # data, never markup
     _console().print(table)
 
 
@@ -123,7 +125,7 @@ def info_command(task_id: Annotated[str, typer.Argument(metavar="TASK", help="Ta
                                  f"{info.n_test} test, version {info.task_version}, at {info.prepared_at}"))
         rows.append(("split digest", info.split_digest))
     for key, value in rows:
-        grid.add_row(key, value)
+        grid.add_row(key, Text(value))  # paths and notes are data, never markup
     _console().print(grid)
 
 
@@ -135,16 +137,16 @@ def check_command(task_id: Annotated[str, typer.Argument(metavar="TASK", help="T
     for task in _selected(task_id):
         dirs = task_dirs(task)
         if task_id == ALL and prepared_info(dirs) is None:
-            console.print(f"{task.id}: not prepared, skipped")
+            console.print(f"{task.id}: not prepared, skipped", markup=False)
             continue
         problems = check_task(task, dirs)
         if problems:
             dirty += 1
-            console.print(f"[bold red]{task.id}: {len(problems)} problem(s)[/]")
+            console.print(f"[bold red]{escape(task.id)}: {len(problems)} problem(s)[/]")
             for problem in problems:
                 console.print(f"  - {problem}", markup=False)
         else:
-            console.print(f"[green]{task.id}: clean[/]")
+            console.print(f"[green]{escape(task.id)}: clean[/]")
     if dirty:
         raise typer.Exit(1)
 
@@ -179,9 +181,9 @@ def prepare_command(
             console.print(f"{task.id}: failed: {exc}", style="bold red", markup=False)
             continue
         state = "already prepared (--force prepares again)" if info == before else "prepared"
-        console.print(f"[green]{task.id}[/]: {state} from {describe_source(info.source)} in {dirs.root} "
-                      f"({info.n_train} train / {info.n_test} test, split {info.split_digest[:12]}, "
-                      f"at {info.prepared_at})")
+        console.print(f"[green]{escape(task.id)}[/]: " + escape(
+            f"{state} from {describe_source(info.source)} in {dirs.root} ({info.n_train} train / {info.n_test} test, "
+            f"split {info.split_digest[:12]}, at {info.prepared_at})"))
     if failed:
         console.print(f"[bold red]{failed} of {len(tasks)} task(s) failed[/]")
         raise typer.Exit(1)

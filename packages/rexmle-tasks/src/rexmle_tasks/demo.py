@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rexmle_grade.errors import RexmleError
 from rexmle_grade.evaluate import evaluate_submission
@@ -35,7 +36,7 @@ def run_demo(task_ids: list[str], *, root: Path, cases: int | None, seed: int, w
         task = get_task(task_id)
         dirs = task_dirs(task, root)
         started = time.perf_counter()
-        console.print(f"[bold]({n}/{len(task_ids)}) {task_id}[/]: preparing synthetic data")
+        console.print(f"[bold]({n}/{len(task_ids)}) {escape(task_id)}[/]: preparing synthetic data")
         info = prepare_task(task, dirs, synthetic=True, cases=cases, seed=seed, force=force)
         problems = check_task(task, dirs)
         if problems:
@@ -70,7 +71,7 @@ def demo_command(
     report = run_demo(ids, root=root, cases=cases, seed=seed, workers=workers, force=force)
     render_report(report, console)
     path = report.write(out or root / "demo_report.json")
-    console.print(f"report: {path}  ({time.perf_counter() - started:.0f} s in all)")
+    console.print(f"report: {path}  ({time.perf_counter() - started:.0f} s in all)", markup=False)
     broken = [e for e in report.entries if e.status != "valid"]
     if broken:
         raise RexmleError(f"{len(broken)} reference submission(s) did not grade as valid: "

@@ -60,11 +60,47 @@ def task_dirs(task: Task, data_root: str | Path | None = None) -> TaskDirs:
     return TaskDirs.for_task(task.id, raw_group=task.meta.raw_group, root=data_root)
 
 
+#: the type(s) each field of prepared.json must have (JSON has no separate int and float for the optional ones)
+_PREPARED_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "task_id": (str,), "task_version": (str,), "synthetic": (bool,), "n_train": (int,), "n_test": (int,),
+    "split_digest": (str,), "prepared_at": (str,), "cases": (int, type(None)), "seed": (int, type(None)),
+}
+_PREPARED_OPTIONAL = frozenset({"cases", "seed"})
+
+
 def prepared_info(dirs: TaskDirs) -> PreparedInfo | None:
+    """The record of a prepared task (None: not prepared); a malformed record is a TaskDataMissingError whose
+    one-line message says what is wrong and how to prepare again."""
     marker = dirs.root / PREPARED_MARKER
     if not marker.is_file():
         return None
-    return PreparedInfo(**json.loads(marker.read_text()))
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _malformed(dirs, marker, f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _malformed(dirs, marker, f"a JSON {type(data).__name__}, not an object")
+    missing = sorted(set(_PREPARED_FIELD_TYPES) - _PREPARED_OPTIONAL - set(data))
+    unknown = sorted(set(data) - set(_PREPARED_FIELD_TYPES))
+    if missing or unknown:
+        raise _malformed(dirs, marker, f"missing keys {missing}, unknown keys {unknown}")
+    wrong = [f"{key}={data[key]!r}" for key, types in _PREPARED_FIELD_TYPES.items()
+             if key in data and not _has_type(data[key], types)]
+    if wrong:
+        raise _malformed(dirs, marker, f"values of the wrong type: {', '.join(wrong)}")
+    return PreparedInfo(**data)
+
+
+def _has_type(value: Any, types: tuple[type, ...]) -> bool:
+    """isinstance, except that a JSON true/false is no integer"""
+    return isinstance(value, types) and (bool in types or not isinstance(value, bool))
+
+
+def _malformed(dirs: TaskDirs, marker: Path, problem: str) -> TaskDataMissingError:
+    # one line, fix included: the CLI prints it as the whole error
+    text = " ".join(problem.split())
+    return TaskDataMissingError(f"{marker} is malformed ({text}); prepare the task again with "
+                                f"`rexmle prepare {dirs.root.name} --force`")
 
 
 def require_prepared(task: Task, dirs: TaskDirs) -> PreparedInfo:

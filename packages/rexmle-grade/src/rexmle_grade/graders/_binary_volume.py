@@ -6,8 +6,10 @@ Used by ``isles22`` and ``panther-task{1,2}``. The contract with the task's ``pr
 * ``private/answers.csv``: the id column and ``label_path`` (ground-truth label volume, relative to ``private/``),
   on the test image's grid.
 * submission: ``submission.csv`` with the id column and one path column naming a 3-D integer label volume on the
-  test image's grid (size, spacing within 1e-4 mm, origin within 1e-3 mm, direction within 1e-4). Nothing is
-  resampled or relabelled.
+  test image's grid: the same size, and the header fields the grader's :attr:`~rexmle_grade.grader.Grader.header_rule`
+  checks equal (spacing within 1e-4 mm, origin within 1e-3 mm, direction within 1e-4); the fields it ignores may
+  differ (with a warning): the prediction is then scored on the ground truth's grid. Nothing is resampled or
+  relabelled.
 """
 
 from __future__ import annotations
@@ -20,11 +22,47 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import GraderError, InvalidSubmissionError, TaskDataMissingError
-from rexmle_grade.grader import CaseInput, Grader, TestManifest, answer_cases, write_submission_csv
-from rexmle_grade.io import Volume, read_volume, write_volume
+from rexmle_grade.grader import (
+    CaseInput,
+    Grader,
+    HeaderRule,
+    TestManifest,
+    answer_cases,
+    warn_case,
+    write_submission_csv,
+)
+from rexmle_grade.io import Geometry, Volume, read_volume, write_volume
 from rexmle_grade.schema import FileColumn
 
 LABEL_PATH = "label_path"
+
+
+def warn_header_differences(case: CaseInput, column: FileColumn, differences: Sequence[str]) -> None:
+    for difference in differences:
+        warn_case(f"{column.name} of {case.case_id!r}: {difference}; ignored as the official evaluation does, "
+                  "scored on the ground truth's grid")
+
+
+def align_to_truth(case: CaseInput, column: FileColumn, rule: HeaderRule, truth: Geometry,
+                   prediction: Geometry) -> Geometry:
+    """The grid a prediction is scored on: the ground truth's, after checking the prediction's against it.
+
+    A task's prediction was already checked against the test manifest on reading, so a difference left here means
+    the manifest and the private ground truth disagree: a broken preparation. Without a manifest (files graded
+    directly) the checks of :attr:`Grader.header_rule` happen here.
+    """
+    if case.geometry is None:
+        problems = truth.mismatches(prediction, fields=rule.checked, reference="the ground truth")
+        if problems:
+            raise InvalidSubmissionError([f"{column.name} of {case.case_id!r}: {p}" for p in problems])
+        warn_header_differences(case, column, truth.mismatches(prediction, fields=rule.ignored,
+                                                               reference="the ground truth"))
+        return prediction.with_header_of(truth, rule.ignored)
+    problems = truth.mismatches(prediction)
+    if problems:
+        raise GraderError(f"the test manifest's geometry of {case.case_id!r} differs from its private ground "
+                          f"truth ({'; '.join(problems)}); re-run `rexmle prepare TASK --force`")
+    return prediction
 
 
 class BinaryVolumeGrader(Grader):
@@ -53,7 +91,9 @@ class BinaryVolumeGrader(Grader):
     # ---- reading ------------------------------------------------------------------------------------------------
     def load_prediction(self, case: CaseInput, column: FileColumn) -> Volume:
         path = case.prediction_path(column)
-        volume = read_volume(path, what=f"{column.name} of {case.case_id!r}", expected=case.geometry, integer=True)
+        volume = read_volume(path, what=f"{column.name} of {case.case_id!r}", expected=case.geometry, integer=True,
+                             checked=self.header_rule.checked)
+        warn_header_differences(case, column, volume.header_differences)
         try:
             self.check_values(volume.array, path.name)
         except InvalidSubmissionError as exc:  # the hooks name the file; the case is named here, once
@@ -75,12 +115,8 @@ class BinaryVolumeGrader(Grader):
         """(ground truth, prediction) of one case, on the same grid."""
         prediction = self.load_prediction(case, self.prediction_column)
         truth = self.read_ground_truth(case.case_id, case.answer_path(LABEL_PATH))
-        problems = truth.geometry.mismatches(prediction.geometry)
-        if problems and case.geometry is None:  # nothing checked the prediction's grid yet: its fault
-            raise InvalidSubmissionError([f"{self.prediction_column.name} of {case.case_id!r}: {p}" for p in problems])
-        if problems:
-            raise GraderError(f"the test manifest's geometry of {case.case_id!r} differs from its private ground "
-                              f"truth ({'; '.join(problems)}); re-run `rexmle prepare TASK --force`")
+        prediction.geometry = align_to_truth(case, self.prediction_column, self.header_rule, truth.geometry,
+                                             prediction.geometry)
         return truth, prediction
 
     # ---- aggregation --------------------------------------------------------------------------------------------

@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.errors import GraderError, InvalidSubmissionError, TaskDataMissingError
+from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import CaseInput, Direction, MetricSpec
-from rexmle_grade.graders._binary_volume import LABEL_PATH, BinaryVolumeGrader
-from rexmle_grade.io import Geometry, check_labels, read_volume_geometry
+from rexmle_grade.graders._binary_volume import LABEL_PATH, BinaryVolumeGrader, align_to_truth
+from rexmle_grade.io import Geometry, check_labels, check_nifti_complete, full_suffix, read_volume_geometry
 from rexmle_grade.metrics.boxes import BoxSlices, mask_bounding_box, union_box
 from rexmle_grade.metrics.detection import Detection, detect, mean_pooled_f1
+from rexmle_grade.metrics.overlap import dice as binary_dice
 from rexmle_grade.metrics.surface import Spacing, contour_hausdorff
 from rexmle_grade.metrics.topology import betti0, cldice
 from rexmle_grade.schema import FileColumn, FileKind, SubmissionSchema, ValueColumn
@@ -63,11 +64,15 @@ def _task_data_error(case: CaseInput, path: Path, problem: str) -> TaskDataMissi
 
 
 def ground_truth_geometry(case: CaseInput, path: Path) -> Geometry:
-    """Header of a private label file; an unreadable one is a task-data problem, never the submission's fault."""
+    """Header of a private label file, after checking that the file holds every voxel its header announces (ITK
+    would fill a truncated NIfTI file's missing voxels silently, and a region read may stop before the cut); an
+    unreadable or truncated file is a task-data problem, never the submission's fault."""
     if not path.is_file():
         raise _task_data_error(case, path, "is missing")
     try:
         geometry, _, _ = read_volume_geometry(path, what="ground truth")
+        if full_suffix(path) in (".nii", ".nii.gz"):
+            check_nifti_complete(path, what="ground truth")
     except InvalidSubmissionError as exc:
         raise _task_data_error(case, path, f"cannot be read: {exc.message}") from None
     return geometry
@@ -110,6 +115,11 @@ class LabelScores:
     @property
     def b0_error(self) -> int:
         return abs(self.pred_components - self.gt_components)
+
+    def details(self) -> dict[str, float]:
+        """The per-class values of a case's report details."""
+        values = {"dice": self.dice, "hd95": self.hd95, "hd": self.hd, "b0_error": float(self.b0_error)}
+        return values if self.cldice is None else {**values, "cldice": self.cldice}
 
 
 @dataclass(frozen=True)
@@ -251,12 +261,7 @@ class MulticlassVesselGrader(BinaryVolumeGrader):
         prediction = self.load_prediction(case, self.prediction_column)
         path = case.answer_path(LABEL_PATH)
         truth = ground_truth_geometry(case, path)
-        problems = truth.mismatches(prediction.geometry)
-        if problems and case.geometry is None:  # nothing checked the prediction's grid yet: its fault
-            raise InvalidSubmissionError([f"{self.prediction_column.name} of {case.case_id!r}: {p}" for p in problems])
-        if problems:
-            raise GraderError(f"the test manifest's geometry of {case.case_id!r} differs from its private ground "
-                              f"truth ({'; '.join(problems)}); re-run `rexmle prepare TASK --force`")
+        align_to_truth(case, self.prediction_column, self.header_rule, truth, prediction.geometry)
         box = self.region(case, truth)
         gt = read_label_region(case, path, box)
         try:
@@ -282,12 +287,16 @@ class MulticlassVesselGrader(BinaryVolumeGrader):
             "hd95": class_average([s.hd95 for s in per_class]),
             "hd": class_average([s.hd for s in per_class]),
             "_detections": detections(scores, self.detection_labels),
+            # the per-class values the official metrics.json lists besides the class averages
+            "_per_class": {str(label): s.details() for label, s in scores.items()},
         }
+        # the official MergedBin Dice (all labels > 0); its B0 and distances would cost more than every class's
+        result["dice_merged_binary"] = binary_dice(gt > 0, pred > 0, empty=0.0)
         result.update(self.extra_case_scores(gt, pred, scores))
         return result
 
     def aggregate(self, cases: Sequence[Mapping[str, Any]], private_dir: Path) -> dict[str, float]:
-        metrics = self.case_means(cases, CASE_MEANS)
+        metrics = self.case_means(cases, (*CASE_MEANS, "dice_merged_binary"))
         metrics[self.detection_metric] = mean_pooled_f1([c["_detections"] for c in cases], self.detection_labels)
         metrics.update(self.extra_aggregate(cases))
         return metrics
@@ -309,4 +318,7 @@ class MulticlassVesselGrader(BinaryVolumeGrader):
                        f"{missing}; class-averaged, then averaged over cases (reported by the official evaluator, "
                        "not ranked)",
                        ranked=False, best=0.0),
+            MetricSpec("dice_merged_binary", Direction.HIGHER_BETTER, "Dice of the merged binary masks (every label "
+                       "> 0; the official MergedBin Dice; 0 when both are empty), averaged over cases (not ranked)",
+                       ranked=False, best=1.0),
         )

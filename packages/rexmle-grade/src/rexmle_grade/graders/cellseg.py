@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import InvalidSubmissionError
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
+from rexmle_grade.grader import IMAGE_2D_HEADER, CaseInput, Direction, Grader, MetricSpec, register_grader
 from rexmle_grade.graders._images2d import (
     ImageAnswerGrader,
     mean_over_cases,
@@ -53,6 +53,7 @@ class CellSegGrader(ImageAnswerGrader):
     blank_dtype = np.uint16
     reference = ("JunMa11/NeurIPS-CellSeg baseline/compute_metric.py @ 3128e9605f3e079d22f9084e25ea62561688184b "
                  "(multi-threshold version)")
+    header_rule = IMAGE_2D_HEADER
     conventions = (
         "Cells with a pixel in the 2-pixel frame of the image are removed from both the ground truth and the "
         "prediction before matching (official rule); images of at least 25,000,000 pixels are scored in "
@@ -64,6 +65,7 @@ class CellSegGrader(ImageAnswerGrader):
         "and did not check sizes.",
         "Instance ids must be integers in 0..2^31-1; on tiled images ids are used as they are (the official "
         "script cast the prediction to the ground truth's dtype, which could wrap large ids).",
+        IMAGE_2D_HEADER.convention,
     )
 
     def __init__(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import (
+    NO_IMAGE_HEADER,
     CaseInput,
     Direction,
     Grader,
@@ -154,6 +155,7 @@ class DentexGrader(Grader):
         "The test set is a re-split of the 705 public training images, not the 250 hidden official test images.",
         "Leaderboard caveat: in the source board the ap50_mean, ap75_mean and ar_mean values of rows 3-6 belong to "
         "other rows and ar_mean equals ar_diagnosis, so positions on those three columns inherit the error.",
+        NO_IMAGE_HEADER.convention,
     )
 
     def __init__(self) -> None:

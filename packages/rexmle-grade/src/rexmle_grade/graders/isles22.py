@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, HeaderRule, HeaderUse, MetricSpec, register_grader
 from rexmle_grade.graders._binary_volume import BinaryVolumeGrader
+from rexmle_grade.io import HEADER_FIELDS
 from rexmle_grade.metrics.lesions import absolute_volume_difference, detect_lesions, voxel_volume_ml
 from rexmle_grade.metrics.overlap import dice
 from rexmle_grade.schema import FileColumn, FileKind, SubmissionSchema
@@ -62,6 +63,9 @@ class Isles22Grader(BinaryVolumeGrader):
                "its own grid: bring predictions made on FLAIR back to the DWI grid before submitting).",),
     )
     metrics = ISLES22_METRICS
+    header_rule = HeaderRule(HeaderUse.USES, HEADER_FIELDS, "the official container takes the voxel volume of "
+                             "abs_volume_diff from the prediction's header, so a forged spacing could shrink it; every "
+                             "header difference is therefore rejected, never ignored.")
     conventions = (
         "Lesions are 26-connected components; a prediction voxel of any non-zero value is lesion (official).",
         "abs_volume_diff uses the voxel volume of the ground-truth header; the official container used the "
@@ -71,6 +75,7 @@ class Isles22Grader(BinaryVolumeGrader):
         "must use an integer voxel type without negative values (the container read any voxel type).",
         "Two identical prediction arrays are accepted (the challenge platform rejected them; not a metric rule).",
         "Scores are kept at full precision; the leaderboard shows 4 decimals.",
+        header_rule.convention,
     )
     reference = ("ezequieldlrosa/isles22_docker_evaluation @ fcb59ff18d8ea4ba8cae8a6f5b2a3fb7eba7eb7a "
                  "(eval_metrics_isles.py) + evalutils 0.3.1 (mean over cases)")

@@ -20,6 +20,7 @@ from typing import Any
 
 from rexmle_grade.errors import GraderError, TaskDataMissingError
 from rexmle_grade.grader import (
+    NO_IMAGE_HEADER,
     CaseInput,
     Direction,
     Grader,
@@ -48,6 +49,7 @@ class LdctGrader(Grader):
         "A constant prediction makes every correlation undefined (the official snippet gave NaN): it scores 0 "
         "and `undefined_correlation` is set to 1.",
         "Every test id needs exactly one finite score; the release ignored extra ids.",
+        NO_IMAGE_HEADER.convention,
     )
 
     def __init__(self) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import GraderError, InvalidSubmissionError
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, HeaderRule, HeaderUse, MetricSpec, register_grader
 from rexmle_grade.graders._binary_volume import BinaryVolumeGrader
 from rexmle_grade.metrics.overlap import dice
 from rexmle_grade.metrics.surface_elements import (
@@ -72,6 +72,10 @@ PANTHER_METRICS = (
                ranked=False, best=0.0),
 )
 
+PANTHER_HEADER_RULE = HeaderRule(HeaderUse.CHECKS, ("spacing",), "the official script fails on a prediction whose "
+                                 "spacing differs from the ground truth's by more than 1e-4 mm and reads neither its "
+                                 "origin nor its direction.")
+
 PANTHER_CONVENTIONS = (
     "Ranked msd, hd95 and masd (and the penalty distance) use the official spacing order: the ground truth's "
     "SimpleITK spacing (sx, sy, sz) applied to the (z, y, x) array, i.e. array axis 0 (z) gets sx and axis 2 (x) "
@@ -86,9 +90,9 @@ PANTHER_CONVENTIONS = (
     "Our choice (no official finite value exists): a case whose ground truth has no tumour while the prediction "
     "is not uniform scores dsc 0 and msd 0 (as computed) and hd95 = masd = the penalty distance, instead of the "
     "library's inf and NaN, so that the means stay finite.",
-    "The prediction's spacing must equal the ground truth's within 1e-4 mm (official); size, origin and "
-    "direction must match the test image too. Nothing is resampled; a missing prediction is rejected (the "
-    "official script skipped it); masks must use an integer voxel type (the official script also read floats).",
+    "Nothing is resampled; a missing prediction is rejected (the official script skipped it); masks must use an "
+    "integer voxel type (the official script also read floats).",
+    PANTHER_HEADER_RULE.convention,
 )
 
 
@@ -158,6 +162,7 @@ def tumour_burden_rmse(gt_volumes: Sequence[float], pred_volumes: Sequence[float
 class PantherGrader(BinaryVolumeGrader):
     metrics = PANTHER_METRICS
     conventions = PANTHER_CONVENTIONS
+    header_rule = PANTHER_HEADER_RULE
     reference = ("DIAGNijmegen/PANTHER_baseline @ 06429322b83891b1ae2c4db230b18e1b0f79659e "
                  "(Evaluation/evaluate_local.py; penalty record per case as in refs/pull/3) + "
                  "google-deepmind/surface-distance @ 1f805cea446805e559badc80dd27f34175e4173d")

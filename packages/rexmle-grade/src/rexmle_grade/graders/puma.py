@@ -42,7 +42,17 @@ from typing import Any
 import numpy as np
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, TestManifest, answer_cases, register_grader
+from rexmle_grade.grader import (
+    IMAGE_2D_HEADER,
+    NO_IMAGE_HEADER,
+    CaseInput,
+    Direction,
+    Grader,
+    MetricSpec,
+    TestManifest,
+    answer_cases,
+    register_grader,
+)
 from rexmle_grade.graders._images2d import (
     ImageAnswerGrader,
     enough_problems,
@@ -108,6 +118,7 @@ class PumaTissueGrader(ImageAnswerGrader):
     answer_image_column = "label_path"
     write_image = staticmethod(write_tiff)
     reference = PUMA_REFERENCE
+    header_rule = IMAGE_2D_HEADER
     conventions = (
         "Dice is pooled over all test ROIs per class (micro Dice) and averaged over the 5 tissue classes; "
         "background is not scored; a class with no correctly predicted pixel in any ROI scores 0, also when it is "
@@ -117,6 +128,7 @@ class PumaTissueGrader(ImageAnswerGrader):
         "nearest-neighbour as the official evaluator does (no change for the 1024x1024 ROIs).",
         "The ground-truth class maps are rasterised by rexmle from the released GeoJSON (polygon holes honoured, "
         "pixel-centre rule); the organisers' own rasterisation is not public.",
+        IMAGE_2D_HEADER.convention,
     )
 
     def __init__(self, grader_id: str, board: str) -> None:
@@ -260,6 +272,7 @@ class PumaNucleiGrader(Grader):
             + ("; lymphocytes and plasma cells grouped as nuclei_lymphocyte, every other non-tumour class as "
                "nuclei_other" if len(self.classes) == len(TRACK1_NUCLEI) else "")
             + "); the organisers' conversion is not public.",
+            NO_IMAGE_HEADER.convention,
         )
         self.metrics = (
             MetricSpec("f1", Direction.HIGHER_BETTER,

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
+from rexmle_grade.grader import IMAGE_2D_HEADER, CaseInput, Direction, Grader, MetricSpec, register_grader
 from rexmle_grade.graders._images2d import (
     ImageAnswerGrader,
     mean_over_cases,
@@ -49,6 +49,7 @@ class RavirGrader(ImageAnswerGrader):
     gold_dtype = np.uint8
     reference = ("RAVIR challenge page (ravir.grand-challenge.org) and Hatamizadeh et al., IEEE JBHI 2022; "
                  "the evaluation container is not public")
+    header_rule = IMAGE_2D_HEADER
     conventions = (
         "The challenge's evaluation code is not public: Dice and Jaccard are computed per image for the artery "
         "(128) and vein (255) classes, and `dice` is the mean over images of the two classes' average.",
@@ -57,6 +58,7 @@ class RavirGrader(ImageAnswerGrader):
         "Predictions must hold only the values 0, 128 and 255 (255 is the challenge's 'vein = 256' as stored in "
         "8 bits); nothing is remapped or resized.",
         "No human leaderboard excerpt is available for RAVIR, so no position can be computed.",
+        IMAGE_2D_HEADER.convention,
     )
 
     def __init__(self) -> None:

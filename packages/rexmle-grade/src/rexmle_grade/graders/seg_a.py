@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
+from rexmle_grade.grader import CaseInput, Direction, Grader, HeaderRule, HeaderUse, MetricSpec, register_grader
 from rexmle_grade.graders._binary_volume import BinaryVolumeGrader
+from rexmle_grade.io import HEADER_FIELDS
 from rexmle_grade.metrics.boxes import mask_bounding_box, union_box
 from rexmle_grade.metrics.overlap import dice
 from rexmle_grade.metrics.surface import contour_hausdorff, grid_diagonal, max_hausdorff
@@ -57,6 +58,8 @@ class SegAGrader(BinaryVolumeGrader):
                    "(mm) between 26-neighbour contours, maximum of both directions (not ranked)", ranked=False,
                    best=0.0),
     )
+    header_rule = HeaderRule(HeaderUse.NOT_PUBLIC, HEADER_FIELDS, "with no official code to follow, we keep the "
+                             "strict rule: every header field must match, since distances are in mm.")
     conventions = (
         "Masks are binarised as value > 0 (the ground truth is binary; a mask written with value 2 counts fully).",
         "HD is the maximum (not the 95th percentile) distance, symmetric, over all foreground voxels, in mm with the "
@@ -67,6 +70,7 @@ class SegAGrader(BinaryVolumeGrader):
         "HD95 (unranked, our addition) uses the TopCoW/TopBrain definition: 26-neighbour contours, maximum of the "
         "two directed 95th percentiles.",
         "Medians use linear interpolation (mean of the two middle cases for an even count).",
+        header_rule.convention,
     )
 
     def gold_mask(self, label: np.ndarray) -> np.ndarray:

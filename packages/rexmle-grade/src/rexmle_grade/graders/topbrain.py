@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import Direction, MetricSpec, register_grader
+from rexmle_grade.grader import COPIED_HEADER, Direction, MetricSpec, register_grader
 from rexmle_grade.graders._vessels import (
     LabelScores,
     MulticlassVesselGrader,
@@ -69,6 +69,7 @@ class TopBrainGrader(MulticlassVesselGrader):
     detection_metric = "f1_side_road"
     missing_distance = MISSING_HD95
     per_class_cldice = True
+    header_rule = COPIED_HEADER
 
     def __init__(self, modality: str) -> None:
         track, name, n_labels, extra_side_roads = TRACKS[modality]
@@ -104,8 +105,8 @@ class TopBrainGrader(MulticlassVesselGrader):
             "over ground-truth and predicted labels).",
             "f1_side_road pools detections over the test set; a side-road label absent from every ground truth and "
             "prediction scores F1 0, so a perfect submission can score below 1.",
-            "Predictions whose size, spacing, origin or direction differ from the test image, non-integer voxels or "
-            f"labels above {n_labels} are rejected (the official evaluator copied geometry or crashed).",
+            f"Non-integer voxels or labels above {n_labels} are rejected (the official evaluator cast them).",
+            COPIED_HEADER.convention,
         )
 
     def extra_case_scores(self, gt: np.ndarray, pred: np.ndarray,

@@ -46,6 +46,8 @@ import yaml
 
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError
 from rexmle_grade.grader import (
+    COPIED_HEADER,
+    NO_IMAGE_HEADER,
     CaseInput,
     Direction,
     Grader,
@@ -175,6 +177,7 @@ class TopCowSegmentationGrader(MulticlassVesselGrader):
     missing_distance = MISSING_HD95
     per_class_cldice = False
     answer_columns = (LABEL_PATH, ROI_ANSWER)
+    header_rule = COPIED_HEADER
 
     def __init__(self, modality: str) -> None:
         self.modality = modality
@@ -214,8 +217,8 @@ class TopCowSegmentationGrader(MulticlassVesselGrader):
             "prediction scores F1 0, so a perfect submission can score below 1.",
             "Graph and topology columns derive edge lists from the masks (26-neighbour touching), not from the "
             "task-3 annotations; the left-right check assumes LPS+ images (x grows towards patient left).",
-            "Predictions whose size, spacing, origin or direction differ from the test image, non-integer voxels or "
-            "labels outside {0..12, 15} are rejected (the official evaluator cast, copied geometry or crashed).",
+            "Non-integer voxels or labels outside {0..12, 15} are rejected (the official evaluator cast them).",
+            COPIED_HEADER.convention,
         )
 
     def region(self, case: CaseInput, truth: Geometry) -> BoxSlices:
@@ -306,6 +309,7 @@ class TopCowBoxGrader(Grader):
             "image (scored as given, as the official metric does).",
             "Band widths are ceil(0.2 x size) voxels per axis, each box using its own sizes (official); iou equals the "
             "official boundary IoU at ratio 0.5, whose band is the whole box.",
+            NO_IMAGE_HEADER.convention,
         )
 
     def load_prediction(self, case: CaseInput, column: FileColumn) -> VoxelBox:
@@ -410,6 +414,7 @@ class TopCowEdgeGrader(Grader):
             *_common_conventions(modality),
             "Balanced accuracy averages the recall of each ground-truth variant; predicted variants absent from the "
             "ground truth add no class (scikit-learn balanced_accuracy_score).",
+            NO_IMAGE_HEADER.convention,
         )
 
     def load_prediction(self, case: CaseInput, column: FileColumn) -> EdgeLists:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rexmle_grade.grader import CaseInput, Direction, Grader, MetricSpec, register_grader
+from rexmle_grade.grader import IMAGE_2D_HEADER, CaseInput, Direction, Grader, MetricSpec, register_grader
 from rexmle_grade.graders._images2d import (
     ImageAnswerGrader,
     mean_over_cases,
@@ -49,6 +49,7 @@ class UsenhanceGrader(ImageAnswerGrader):
     reference = ("no official evaluation code is public; definitions of the ReX-MLE release grader "
                  "rajpurkarlab/ReX-MLE @ 477c834037be7e7acb5bdc612b5f1cf140d01e6f rex-mle/rexmle/challenges/usenhance/"
                  "grade.py (unverified against the human leaderboard)")
+    header_rule = IMAGE_2D_HEADER
     conventions = (
         "The organisers' evaluation code is not public: LNCC, SSIM and PSNR follow the ReX-MLE release grader and "
         "are not verified against the human leaderboard.",
@@ -62,6 +63,7 @@ class UsenhanceGrader(ImageAnswerGrader):
         "The prediction must be an 8-bit grayscale PNG of exactly the test image's size; nothing is resized or "
         "colour-converted.",
         "The leaderboard ranks by the mean of the three per-metric positions.",
+        IMAGE_2D_HEADER.convention,
     )
 
     def __init__(self) -> None:
