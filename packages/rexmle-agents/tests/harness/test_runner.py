@@ -68,12 +68,14 @@ def test_a_tiny_model_trained_in_the_sandbox_beats_the_sample(data_root: Path, t
 
 def test_validation_command_works_inside_the_sandbox(data_root: Path, tmp_path: Path) -> None:
     commands = ["python -m rexmle_agents.validate",  # empty submission: invalid, problems listed
-                "cp -R /workspace/data/sample_submission/. /workspace/submission/ && python -m rexmle_agents.validate"]
+                "cp -R /workspace/data/sample_submission/. /workspace/submission/ && python -m rexmle_agents.validate",
+                f"rexmle grade validate {TASK} /workspace/submission"]
     spec = build_spec(TASK, agent="test-commands", agent_config={"commands": commands}, data_root=data_root)
     outcome = execute_run(spec, tmp_path)
     steps = [e for e in Journal(outcome.run_dir / "journal.jsonl").events() if e["kind"] == "step_finished"]
     assert steps[0]["result"]["exit_code"] == 1 and "INVALID" in steps[0]["result"]["stdout"]
     assert steps[1]["result"]["exit_code"] == 0 and "valid:" in steps[1]["result"]["stdout"]
+    assert steps[2]["result"]["exit_code"] == 0 and "valid" in steps[2]["result"]["stdout"]
 
 
 def test_runaway_commands_are_stopped_recorded_and_the_harness_survives(data_root: Path, tmp_path: Path) -> None:

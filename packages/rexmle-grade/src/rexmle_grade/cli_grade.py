@@ -48,20 +48,31 @@ def validate_command(
     shallow: Annotated[bool, typer.Option(help="Only check the CSV, ids and paths (do not read files).")] = False,
 ) -> None:
     """Check a submission's format using public information only (never reads private labels)."""
-    from rexmle_grade.targets import resolve_target
     from rexmle_grade.validation import validate_submission
 
-    target = resolve_target(task)
-    grader = get_grader(target.grader_id)
+    grader_id, public_dir = _validation_target(task)
+    grader = get_grader(grader_id)
     with _progress() as bar:
         job = bar.add_task(f"validating {escape(task)}", total=None)
-        report = validate_submission(grader, submission_dir, target.public_dir, deep=not shallow, workers=workers,
+        report = validate_submission(grader, submission_dir, public_dir, deep=not shallow, workers=workers,
                                      progress=lambda n, total: bar.update(job, completed=n, total=total))
     if not report.ok:
         raise InvalidSubmissionError(report.problems, hint=f"see the submission format in "
-                                                          f"{target.public_dir / 'description.md'}")
+                                                          f"{public_dir / 'description.md'}")
     console.print(f"[green]valid[/]: {report.n_rows} rows, every test case present, every file readable")
     _print_warnings(report.warnings)
+
+
+def _validation_target(task: str) -> tuple[str, Path]:
+    """The grader and public folder of ``task``: inside an agent's sandbox, from the variables the harness sets
+    there (no data folder, no task package data needed); elsewhere, from the prepared task."""
+    from rexmle_grade.targets import resolve_target
+
+    if os.environ.get("REXMLE_TASK_ID") == task and os.environ.get("REXMLE_GRADER_ID") \
+            and os.environ.get("REXMLE_PUBLIC_DIR"):
+        return os.environ["REXMLE_GRADER_ID"], Path(os.environ["REXMLE_PUBLIC_DIR"])
+    target = resolve_target(task)
+    return target.grader_id, target.public_dir
 
 
 def _print_warnings(warnings: list[str]) -> None:

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rexmle_grade.settings import rexmle_versions
 
 REPORT_SCHEMA_VERSION = 1
+# Labels that identify a run for tools (kept in the JSON) but only clutter the terminal table.
+TABLE_HIDDEN_LABELS = frozenset({"run_id", "group"})
 
 
 class ReportEntry(BaseModel):
@@ -160,7 +162,7 @@ def render_report(report: GradingReport, console: Any | None = None) -> None:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in list(e.metrics.items())[:4])
         # every cell holding user or submission text is a Text, never markup: an id such as 'zz[/]bad' is data
         table.add_row(
-            Text(e.task_id + ("" if not e.labels else " " + " ".join(f"{k}={v}" for k, v in e.labels.items()))),
+            Text(" ".join([e.task_id, *(f"{k}={v}" for k, v in e.labels.items() if k not in TABLE_HIDDEN_LABELS)])),
             status,
             "-" if e.score is None else f"{e.score:.2f} / {e.leaderboard_rows}",
             "-" if e.percentile is None else f"{e.percentile:.1%}",

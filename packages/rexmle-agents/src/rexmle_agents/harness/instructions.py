@@ -34,7 +34,7 @@ def render_instructions(spec: RunSpec, task: TaskInfo, sandbox: Sandbox, hardwar
     network = ("There is no network: nothing can be downloaded (no packages, no pretrained weights, no data "
                "sets); use the installed Python packages.")
     return template.substitute(
-        title=task.title, workspace=sandbox.workspace_path, network=network,
+        title=task.title, task_id=task.task_id, workspace=sandbox.workspace_path, network=network,
         exec_timeout=human_duration(limits.exec_timeout_s), time_limit=human_duration(limits.time_limit_s),
         steps_rule=steps, hardware=hw, description=task.description.strip(),
     )
