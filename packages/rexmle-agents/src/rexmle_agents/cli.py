@@ -125,6 +125,8 @@ def run_command(
     memory_gb: Annotated[float | None, typer.Option(help="Memory limit per run, GB.")] = None,
     sandbox: Annotated[str, typer.Option(help="auto | bwrap | apptainer | docker | none.")] = "auto",
     allow_unsandboxed: Annotated[bool, typer.Option(help="Needed for --sandbox none.")] = False,
+    selection_cases: Annotated[int, typer.Option(min=0, help="Hold out K training cases; choose the final "
+                                                             "submission by its grade on them (default off).")] = 0,
     resume: Annotated[Path | None, typer.Option(help="Resume one run folder (runs/<group>/<run_id>).")] = None,
     partition: Annotated[str | None, typer.Option(help="SLURM partition.")] = None,
     slurm_timeout_min: Annotated[int | None, typer.Option(help="SLURM job limit (default: run limit + 1h).")] = None,
@@ -155,7 +157,8 @@ def run_command(
         config = parse_agent_config(agent_config)
         seed_list = [seed] if seed is not None else list(range(seeds))
         specs = [build_spec(t, agent=agent, agent_config=config, models=models, seed=s, limits=limits,
-                            resources=resources, sandbox=sandbox, allow_unsandboxed=allow_unsandboxed, group=group)
+                            resources=resources, sandbox=sandbox, allow_unsandboxed=allow_unsandboxed, group=group,
+                            selection_cases=selection_cases)
                  for t in task_ids for s in seed_list]
         runs_root = runs_dir
     if not specs:

@@ -244,3 +244,43 @@ def test_resume_by_folder_continues_the_same_run(data_root: Path, tmp_path: Path
     # a finished run stays finished: resuming reads it back
     assert execute_run(read_spec(first.run_dir), tmp_path).steps == 1
 
+
+
+def test_selection_split_chooses_the_final_submission_by_held_out_cases(data_root: Path, tmp_path: Path) -> None:
+    """--selection-cases: the agent sees K fewer training cases and K more inputs; every valid snapshot is graded
+    on those K with the task's grader; the best of them is submitted, whatever the agent chose; the final grade
+    is on the real test cases only."""
+    from rexmle_tasks.selection import prepare_selection
+
+    spec = build_spec(TASK, agent="test-noise-fit", data_root=data_root, selection_cases=4)
+    selection = prepare_selection(TASK, 4, data_root)
+    assert spec.selection_cases == 4 and spec.run_id != build_spec(TASK, agent="test-noise-fit",
+                                                                   data_root=data_root).run_id
+    outcome = execute_run(spec, tmp_path)
+    assert outcome.state == "finished", outcome.reason
+    events = Journal(outcome.run_dir / "journal.jsonl").events()
+    snapshot = next(e for e in events if e["kind"] == "snapshot")
+    assert snapshot["selection"]["k"] == 4 and snapshot["selection"]["status"] == "valid"
+    assert snapshot["selection"]["metrics"]  # the held-out number, recorded beside the agent's own
+    rows = (outcome.run_dir / "final" / "submission" / "submission.csv").read_text().splitlines()[1:]
+    predicted = {r.split(",")[0] for r in rows}
+    assert predicted == set(selection.selection_ids) | set(selection.test_ids)
+    grade = outcome.grade
+    assert grade is not None and grade.status == "valid" and grade.labels["selection_cases"] == "4"
+    assert sorted(row["image_id"] for row in grade.per_case) == sorted(selection.test_ids)
+    train = (Path(data_root) / TASK / "selection-4" / "agent" / "public" / "train" / "labels.csv").read_text()
+    assert not any(f"\n{i}," in train for i in selection.selection_ids)
+
+
+def test_choose_final_prefers_the_best_selection_score() -> None:
+    from rexmle_agents.harness.runner import choose_final
+
+    events = [
+        {"kind": "snapshot", "snapshot": "a", "valid": True, "selection": {"score": 3.0}},
+        {"kind": "snapshot", "snapshot": "b", "valid": True, "selection": {"score": 2.0}},
+        {"kind": "snapshot", "snapshot": "c", "valid": False, "selection": None},
+        {"kind": "final_selected", "snapshot": "a"},
+    ]
+    assert choose_final(events) == "b"
+    assert choose_final([{**e, "selection": None} if e["kind"] == "snapshot" else e for e in events]) == "a"
+    assert choose_final(events[:3]) == "b" and choose_final([events[2]]) == "c"

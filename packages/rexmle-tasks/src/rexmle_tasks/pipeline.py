@@ -192,14 +192,14 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
     public_tmp = reset_dir(dirs.root / "public.partial")
     private_tmp = reset_dir(dirs.root / "private.partial")
     try:
-        _build(task, family, split, public_tmp, private_tmp, raw=dirs.raw)
+        build_prepared(task, family, split, public_tmp, private_tmp, raw=dirs.raw)
     except BaseException:
         shutil.rmtree(public_tmp, ignore_errors=True)
         shutil.rmtree(private_tmp, ignore_errors=True)
         raise
     (dirs.root / PREPARED_MARKER).unlink(missing_ok=True)
-    _swap(public_tmp, dirs.public)
-    _swap(private_tmp, dirs.private)
+    swap_in(public_tmp, dirs.public)
+    swap_in(private_tmp, dirs.private)
     info = PreparedInfo(task_id=task.id, task_version=task.meta.version, synthetic=synthetic,
                         n_train=len(split.train), n_test=len(split.test), split_digest=split.digest,
                         prepared_at=_now(), cases=source.get("cases"), seed=source.get("seed"))
@@ -207,7 +207,7 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
     return info
 
 
-def _build(task: Task, family: TaskFamily, split: Split, public: Path, private: Path, *, raw: Path) -> None:
+def build_prepared(task: Task, family: TaskFamily, split: Split, public: Path, private: Path, *, raw: Path) -> None:
     """The family's prepare, then the framework's files (manifest, sample submission, description, checksums)."""
     ctx = PrepareContext(raw=raw, public=public, private=private, split=split, options=dict(task.meta.options))
     log.info("preparing %s: %d train / %d test cases", task.id, len(split.train), len(split.test))
@@ -240,7 +240,7 @@ def read_manifest(dirs: TaskDirs) -> TestManifest:
     return TestManifest.read(dirs.public)
 
 
-def _swap(tmp: Path, final: Path) -> None:
+def swap_in(tmp: Path, final: Path) -> None:
     old = final.with_name(final.name + ".old")
     if old.exists():
         shutil.rmtree(old)

@@ -13,7 +13,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +93,8 @@ class RunContext:
 
     def __init__(self, *, spec: RunSpec, paths: RunPaths, task: TaskInfo, instructions: str, sandbox: Sandbox,
                  journal: Journal, ledger: UsageLedger, models: Mapping[str, Model], deadline: float,
-                 steps_done: int, hardware: Mapping[str, Any]) -> None:
+                 steps_done: int, hardware: Mapping[str, Any],
+                 selection_scorer: Callable[[Path], Mapping[str, Any]] | None = None) -> None:
         self.spec = spec
         self.paths = paths
         self.task = task
@@ -102,6 +103,7 @@ class RunContext:
         self.journal = journal
         self.ledger = ledger
         self.hardware = dict(hardware)
+        self._selection_scorer = selection_scorer
         self.cancelled = threading.Event()
         self.cancel_reason: str | None = None
         self._models = {role: _BudgetedModel(m, self) for role, m in models.items()}
@@ -283,12 +285,18 @@ class RunContext:
             (partial / "solution.py").write_text(code, encoding="utf-8")
         partial.rename(dest)
         validation = self.validate(dest / "submission")
+        selection = None
+        if self._selection_scorer is not None and validation.ok:
+            selection = dict(self._selection_scorer(dest / "submission"))
         self.journal.append("snapshot", step=step or None, snapshot=snapshot_id, label=label, score=score,
-                            valid=validation.ok, has_code=code is not None, metadata=dict(metadata or {}))
+                            valid=validation.ok, has_code=code is not None, metadata=dict(metadata or {}),
+                            selection=selection)
         return snapshot_id
 
     def select_final(self, snapshot_id: str, *, reason: str = "") -> None:
-        """Choose the snapshot the run submits (the last choice wins; without one, the latest valid snapshot)."""
+        """Choose the snapshot the run submits (the last choice wins; without one, the latest valid snapshot).
+        With a selection split (``--selection-cases``) the harness chooses by the held-out score instead and
+        records this choice beside it."""
         if not (self.paths.snapshots / snapshot_id).is_dir():
             raise UserInputError(f"no snapshot {snapshot_id!r} in {self.paths.snapshots}")
         self.journal.append("final_selected", step=self._step.number if self._step else None,

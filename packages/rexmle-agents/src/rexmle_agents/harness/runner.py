@@ -70,7 +70,7 @@ class RunOutcome:
 def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | None = None,
                models: Mapping[str, str] | None = None, seed: int = 0, limits: Limits | None = None,
                resources: Resources | None = None, sandbox: str = "auto", allow_unsandboxed: bool = False,
-               data_root: str | Path | None = None, group: str = "default") -> RunSpec:
+               data_root: str | Path | None = None, group: str = "default", selection_cases: int = 0) -> RunSpec:
     """A checked :class:`RunSpec`; every problem is one clear error, and nothing is written."""
     from rexmle_agents.sandbox import SandboxSpec, default_sandbox_kind, get_sandbox
     from rexmle_grade.settings import data_dir, rexmle_versions
@@ -100,6 +100,10 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
     if resources.gpus and len(gpu_ids()) < resources.gpus:
         raise UserInputError(f"{resources.gpus} GPU(s) per run requested, but this machine has {len(gpu_ids())}",
                              hint="drop --gpus-per-run, or run where GPUs are (e.g. --executor slurm)")
+    if selection_cases:  # built (or reused) now, so a task that cannot hold K cases out fails before any run
+        from rexmle_tasks.selection import prepare_selection
+
+        prepare_selection(task.id, selection_cases, root)
     kind = default_sandbox_kind() if sandbox == "auto" else sandbox
     public = task_dirs(task, root).public
     # unknown, unavailable or refused runtimes fail now; making one has no side effects
@@ -109,6 +113,7 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
                    agent_version=agent_info.version, agent_config=config, models=models, seed=seed,
                    limits=limits or Limits(), resources=resources, sandbox=kind,
                    allow_unsandboxed=allow_unsandboxed, group=group, data_root=str(root),
+                   selection_cases=selection_cases,
                    rexmle_versions=rexmle_versions())
 
 
@@ -294,6 +299,11 @@ class _Attempt:
             self.journal.append("step_interrupted", step=number, attempt=attempt - 1)
         task = get_task(spec.task_id)
         public = task_dirs(task, spec.data_root).public
+        scorer = None
+        if spec.selection_cases:
+            selection = selection_split(spec)
+            public = selection.agent_public
+            scorer = SelectionScorer(selection, task.grader, paths.run_dir / "selection")
         info = TaskInfo(task_id=task.id, task_version=task.meta.version, grader_id=task.meta.grader,
                         title=task.meta.title, task_type=task.meta.task_type, dim=task.meta.dim,
                         description=(public / "description.md").read_text(encoding="utf-8"), public_dir=public)
@@ -309,7 +319,7 @@ class _Attempt:
         deadline = self.started_mono + spec.limits.time_limit_s - previous.consumed_s
         ctx = RunContext(spec=spec, paths=paths, task=info, instructions=instructions, sandbox=sandbox,
                          journal=self.journal, ledger=ledger, models=models, deadline=deadline,
-                         steps_done=previous.steps_started, hardware=hardware)
+                         steps_done=previous.steps_started, hardware=hardware, selection_scorer=scorer)
         self.journal.append("run_started" if attempt == 1 else "run_resumed", attempt=attempt, pid=os.getpid(),
                             host=socket.gethostname(), consumed_s=round(previous.consumed_s, 3),
                             steps_done=previous.steps_started, sandbox=sandbox.kind, isolating=sandbox.isolating,
@@ -457,7 +467,8 @@ class _Attempt:
         if partial.exists():
             shutil.rmtree(partial)
         partial.mkdir()
-        metadata: dict[str, Any] = {"snapshot": chosen, "run_id": self.spec.run_id, "finished_at": _now()}
+        metadata: dict[str, Any] = {"snapshot": chosen, "run_id": self.spec.run_id, "finished_at": _now(),
+                                    "agent_choice": agent_choice(list(self.journal.iter_events()))}
         if chosen is not None:
             source = paths.snapshots / chosen
             shutil.copytree(source / "submission", partial / "submission", symlinks=True)
@@ -513,15 +524,60 @@ def make_run_sandbox(spec: RunSpec, paths: RunPaths, public_dir: Path, grader_id
 
 
 def choose_final(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The snapshot a run submits: the best on the held-out selection split when the run has one (lowest mean
+    position; the latest of equals), else the agent's last choice, else the latest valid, else the latest."""
     selected = latest_valid = latest = None
-    for event in events:
+    best: tuple[float, int] | None = None
+    best_selection = None
+    for number, event in enumerate(events):
         if event["kind"] == "final_selected":
             selected = event["snapshot"]
         elif event["kind"] == "snapshot":
             latest = event["snapshot"]
             if event.get("valid"):
                 latest_valid = event["snapshot"]
-    return selected or latest_valid or latest
+            score = (event.get("selection") or {}).get("score")
+            if event.get("valid") and score is not None and (best is None or (score, -number) <= best):
+                best, best_selection = (score, -number), event["snapshot"]
+    return best_selection or selected or latest_valid or latest
+
+
+def agent_choice(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The snapshot the agent itself selected last (recorded beside a selection-split choice)."""
+    return next((e["snapshot"] for e in reversed(events) if e["kind"] == "final_selected"), None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the held-out selection split (--selection-cases)
+
+
+def selection_split(spec: RunSpec) -> Any:
+    from rexmle_tasks.selection import prepare_selection
+
+    return prepare_selection(spec.task_id, spec.selection_cases, Path(spec.data_root))
+
+
+class SelectionScorer:
+    """Grades a candidate submission on the held-out selection cases with the task's own grader (outside the
+    sandbox); the agent never sees these numbers unless its policy reads the journal."""
+
+    def __init__(self, selection: Any, grader: Any, scratch: Path) -> None:
+        self.selection = selection
+        self.id_column = grader.schema.id_column
+        self.scratch = scratch
+
+    def __call__(self, submission_dir: Path) -> dict[str, Any]:
+        from rexmle_grade.evaluate import evaluate_submission
+        from rexmle_tasks.selection import restrict_submission
+
+        dest = self.scratch / submission_dir.parent.name
+        if dest.exists():
+            shutil.rmtree(dest)
+        restrict_submission(submission_dir, self.selection.selection_ids, dest, id_column=self.id_column)
+        entry = evaluate_submission(self.selection.selection, dest)
+        shutil.rmtree(dest, ignore_errors=True)
+        return {"k": len(self.selection.selection_ids), "status": entry.status, "score": entry.score,
+                "percentile": entry.percentile, "metrics": entry.metrics}
 
 
 def replay_model(cassette: Path, ledger: UsageLedger) -> Model:
@@ -562,13 +618,28 @@ def grade_run(spec: RunSpec, paths: RunPaths) -> ReportEntry:
     from rexmle_grade.evaluate import evaluate_submission
     from rexmle_grade.targets import resolve_target
 
-    target = resolve_target(spec.task_id, spec.data_root)
     labels = {"agent": spec.agent, "seed": str(spec.seed), "run_id": spec.run_id, "group": spec.group}
+    submission = paths.final_submission
+    if spec.selection_cases:  # the task's grade: the real test cases only, on the task's own leaderboard
+        from rexmle_grade.grader import get_grader
+        from rexmle_tasks.selection import restrict_submission
+
+        selection = selection_split(spec)
+        target = selection.test
+        submission = paths.run_dir / "final_test_view"
+        if submission.exists():
+            shutil.rmtree(submission)
+        if paths.final_submission.is_dir():
+            restrict_submission(paths.final_submission, selection.test_ids, submission,
+                                id_column=get_grader(target.grader_id).schema.id_column)
+        labels["selection_cases"] = str(spec.selection_cases)
+    else:
+        target = resolve_target(spec.task_id, spec.data_root)
     if spec.models:
         labels["models"] = ",".join(f"{r}={m}" for r, m in sorted(spec.models.items()))
     if spec.sandbox == "none":
         labels["sandbox"] = "NONE (unsandboxed)"
-    return evaluate_submission(target, paths.final_submission, labels=labels)
+    return evaluate_submission(target, submission, labels=labels)
 
 
 def _outcome(spec: RunSpec, paths: RunPaths, status: Mapping[str, Any], entry: ReportEntry | None) -> RunOutcome:

@@ -74,6 +74,9 @@ class RunSpec(_Frozen):
     resources: Resources = Resources()
     sandbox: str = "bwrap"
     allow_unsandboxed: bool = False
+    # K > 0: hold out K training groups as a selection split the harness grades candidates on (off by default,
+    # as in the paper); the final grade uses the real test cases only
+    selection_cases: int = Field(default=0, ge=0)
     group: str = "default"
     # recorded, not part of the id
     data_root: str = ""
