@@ -125,6 +125,7 @@ def run_command(
     memory_gb: Annotated[float | None, typer.Option(help="Memory limit per run, GB.")] = None,
     sandbox: Annotated[str, typer.Option(help="auto | bwrap | apptainer | docker | none.")] = "auto",
     allow_unsandboxed: Annotated[bool, typer.Option(help="Needed for --sandbox none.")] = False,
+    sandbox_image: Annotated[str | None, typer.Option(help="Image for --sandbox apptainer|docker.")] = None,
     selection_cases: Annotated[int, typer.Option(min=0, help="Hold out K training cases; choose the final "
                                                              "submission by its grade on them (default off).")] = 0,
     resume: Annotated[Path | None, typer.Option(help="Resume one run folder (runs/<group>/<run_id>).")] = None,
@@ -158,7 +159,7 @@ def run_command(
         seed_list = [seed] if seed is not None else list(range(seeds))
         specs = [build_spec(t, agent=agent, agent_config=config, models=models, seed=s, limits=limits,
                             resources=resources, sandbox=sandbox, allow_unsandboxed=allow_unsandboxed, group=group,
-                            selection_cases=selection_cases)
+                            selection_cases=selection_cases, sandbox_image=sandbox_image)
                  for t in task_ids for s in seed_list]
         runs_root = runs_dir
     if not specs:

@@ -70,7 +70,8 @@ class RunOutcome:
 def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | None = None,
                models: Mapping[str, str] | None = None, seed: int = 0, limits: Limits | None = None,
                resources: Resources | None = None, sandbox: str = "auto", allow_unsandboxed: bool = False,
-               data_root: str | Path | None = None, group: str = "default", selection_cases: int = 0) -> RunSpec:
+               data_root: str | Path | None = None, group: str = "default", selection_cases: int = 0,
+               sandbox_image: str | None = None) -> RunSpec:
     """A checked :class:`RunSpec`; every problem is one clear error, and nothing is written."""
     from rexmle_agents.sandbox import SandboxSpec, default_sandbox_kind, get_sandbox
     from rexmle_grade.settings import data_dir, rexmle_versions
@@ -108,10 +109,11 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
     public = task_dirs(task, root).public
     # unknown, unavailable or refused runtimes fail now; making one has no side effects
     with tempfile.TemporaryDirectory(prefix="rexmle-probe-") as probe:
-        get_sandbox(kind, SandboxSpec(workspace=Path(probe), data=public), allow_unsandboxed=allow_unsandboxed)
+        get_sandbox(kind, SandboxSpec(workspace=Path(probe), data=public, image=sandbox_image),
+                    allow_unsandboxed=allow_unsandboxed)
     return RunSpec(task_id=task.id, task_version=task.meta.version, split_digest=info.split_digest, agent=agent,
                    agent_version=agent_info.version, agent_config=config, models=models, seed=seed,
-                   limits=limits or Limits(), resources=resources, sandbox=kind,
+                   limits=limits or Limits(), resources=resources, sandbox=kind, sandbox_image=sandbox_image,
                    allow_unsandboxed=allow_unsandboxed, group=group, data_root=str(root),
                    selection_cases=selection_cases,
                    rexmle_versions=rexmle_versions())
@@ -511,7 +513,8 @@ def make_run_sandbox(spec: RunSpec, paths: RunPaths, public_dir: Path, grader_id
 
     def make(env: dict[str, str]) -> Any:
         return get_sandbox(spec.sandbox, SandboxSpec(workspace=paths.workspace, data=public_dir, limits=limits,
-                                                     env=env), allow_unsandboxed=spec.allow_unsandboxed)
+                                                     env=env, image=spec.sandbox_image),
+                           allow_unsandboxed=spec.allow_unsandboxed)
 
     # where the workspace appears inside depends on the runtime, and the variables naming it need to know
     workspace = make(env).workspace_path

@@ -73,6 +73,7 @@ class RunSpec(_Frozen):
     limits: Limits = Limits()
     resources: Resources = Resources()
     sandbox: str = "bwrap"
+    sandbox_image: str | None = None  # apptainer / docker: the image holding Python and the rexmle packages
     allow_unsandboxed: bool = False
     # K > 0: hold out K training groups as a selection split the harness grades candidates on (off by default,
     # as in the paper); the final grade uses the real test cases only
