@@ -191,9 +191,38 @@ def write_group_report(outcomes: list[Any], path: Path) -> None:
     failed = [o for o in outcomes if o.grade is None]
     report = GradingReport.build(entries)
     render_report(report, console)
+    render_calibration(sorted({e.task_id for e in entries}), console)
     console.print(f"report: {escape(str(report.write(path)))}")
     for outcome in failed:
         console.print(f"[red]not graded[/] {escape(outcome.run_id)}: {escape(outcome.reason)}")
+
+
+def render_calibration(task_ids: list[str], console: Console) -> None:
+    """The expert baselines' calibrated results on the same tasks (the data folder's and the shipped ones), so an
+    agent is seen against the human board and against the baselines."""
+    try:
+        from rexmle_baselines.calibration import PACKAGE_CALIBRATION_DIR, load_results
+    except ImportError:  # rexmle-baselines is optional for the harness
+        return
+    from rexmle_grade.settings import data_dir
+
+    rows = []
+    for folder, where in ((data_dir() / "calibration", "measured here"), (PACKAGE_CALIBRATION_DIR, "shipped")):
+        for task_id in task_ids:
+            rows += [(r, where) for r in load_results(folder, task_id)]
+    if not rows:
+        return
+    table = Table(title="expert baselines on these tasks (rexmle baselines calibrate)")
+    for column in ("task", "baseline", "config", "data", "percentile", "seconds"):
+        table.add_column(column, no_wrap=True)
+    for column in ("hardware", "source"):
+        table.add_column(column, overflow="fold")
+    for result, where in rows:
+        pct = "-" if result.percentile is None else f"{result.percentile:.1%}"
+        table.add_row(escape(result.task_id), escape(result.baseline), escape(result.config),
+                      "synthetic" if result.synthetic else "real", pct, f"{result.seconds:.0f}",
+                      escape(result.hardware.get("gpu") or result.hardware.get("cpu", "?")), where)
+    console.print(table)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -144,3 +144,20 @@ def test_slurm_parameters_follow_the_runs_needs(data_root: Path) -> None:
     assert params["timeout_min"] == 12 * 60 + 60 and params["gpus_per_node"] == 2
     assert params["cpus_per_task"] == 16 and params["mem_gb"] == 120 and params["slurm_partition"] == "gpu"
     assert params["slurm_additional_parameters"] == {"qos": "long"}
+
+
+def test_group_report_shows_calibrated_baselines_beside_the_agent(data_root: Path, tmp_path: Path, capsys) -> None:
+    from rexmle_baselines.calibration import CalibrationResult, store_result
+
+    record = CalibrationResult(task_id=TASK, task_version="1", baseline="timm-regress", config="quick", params={},
+                               seed=0, device="cpu", versions={}, hardware={"cpu": "test-cpu"}, seconds=12.0,
+                               valid=True, metrics={"score": 2.5}, percentile=0.625, synthetic=True,
+                               recorded_at="2026-11-25T00:00:00Z")
+    store_result(data_root / "calibration", record)
+    try:
+        assert rexmle("--data-dir", str(data_root), "run", "--agent", "sample", "--task", TASK,
+                      "--runs-dir", str(tmp_path)) == 0
+    finally:
+        (data_root / "calibration" / f"{TASK}.json").unlink()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "expert baselines on these tasks" in out and "timm-regress" in out and "62.5%" in out

@@ -197,7 +197,7 @@ def test_bad_input_is_one_clear_error(data_root: Path, tmp_path: Path) -> None:
         build_spec(TASK, agent="sample", data_root=data_root, sandbox="none")
     with pytest.raises(UnknownNameError):
         build_spec(TASK, agent="sample", data_root=data_root, sandbox="chroot")
-    with pytest.raises(RexmleError, match="apptainer|image"):  # absent here, or present without an image
+    with pytest.raises(RexmleError, match=r"apptainer|image"):  # absent here, or present without an image
         build_spec(TASK, agent="sample", data_root=data_root, sandbox="apptainer")
     with pytest.raises(UserInputError, match="no setting"):
         build_spec(TASK, agent="baseline", data_root=data_root, agent_config={"bogus": 1})
