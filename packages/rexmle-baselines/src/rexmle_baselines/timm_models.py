@@ -1,0 +1,262 @@
+"""timm image-level baselines: ``timm-regress`` (LDCT-IQA quality score) and ``timm-cls`` (TopCoW task-3 variants).
+
+Both build a timm backbone from its config (``pretrained=False``; a ``pretrained`` parameter names a local
+checkpoint file, never a hub id), train it on the public training images and write the grader's submission.
+
+- ``timm-regress`` regresses the radiologists' score of a CT slice from the slice itself (one channel, a soft-tissue
+  HU window, no resizing, since resampling would smear the noise the score is about).
+- ``timm-cls`` answers TopCoW task 3 (which of the 4 anterior and 4 posterior Circle-of-Willis segments exist) as a
+  plain multi-label image classifier on three maximum-intensity projections of the volume (axial, coronal,
+  sagittal MIPs stacked as channels). Images are never flipped: left and right segments are different labels.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from rexmle_baselines.base import (
+    Baseline,
+    BaselineContext,
+    check_loss,
+    isolate_caches,
+    register_baseline,
+    resolve_device,
+    seed_everything,
+)
+from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError, UserInputError, require_module
+from rexmle_grade.grader import TestManifest, get_grader, write_submission_csv
+from rexmle_grade.graders.topcow import EDGE_KEYS, parse_edges, read_edge_document
+from rexmle_grade.io import read_image_2d
+
+if TYPE_CHECKING:
+    import torch
+
+LDCT_GRADER = "ldct-iqa"
+TOPCOW_EDGE_GRADERS = ("topcow-track1-task3", "topcow-track2-task3")
+# HU window of the inputs: abdominal soft tissue, where the rated noise and streaks show
+HU_WINDOW = (-160.0, 240.0)
+
+
+def _torch_and_timm() -> tuple[Any, Any]:
+    torch = require_module("torch", extra="timm", package="rexmle-baselines")
+    timm = require_module("timm", extra="timm", package="rexmle-baselines")
+    return torch, timm
+
+
+def create_backbone(params: Mapping[str, Any], *, in_chans: int, num_classes: int) -> torch.nn.Module:
+    """A timm model built from its config; ``params['pretrained']`` may name a local weights file."""
+    _, timm = _torch_and_timm()
+    weights = params.get("pretrained")
+    if weights:
+        path = Path(str(weights))
+        if not path.is_file():
+            raise UserInputError(f"pretrained weights {str(path)!r} do not exist",
+                                 hint="pass a local checkpoint file (--set pretrained=/path/model.safetensors); "
+                                      "weights are never downloaded")
+        return timm.create_model(str(params["model"]), pretrained=True, in_chans=in_chans, num_classes=num_classes,
+                                 pretrained_cfg_overlay={"file": str(path)})
+    return timm.create_model(str(params["model"]), pretrained=False, in_chans=in_chans, num_classes=num_classes)
+
+
+def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ctx: BaselineContext,
+        augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    """AdamW with a cosine schedule over ``epochs``; the mean epoch loss is checked for divergence."""
+    torch, _ = _torch_and_timm()
+    params = ctx.params
+    epochs, batch_size = int(params["epochs"]), int(params["batch_size"])
+    optimiser = torch.optim.AdamW(model.parameters(), lr=float(params["lr"]),
+                                  weight_decay=float(params["weight_decay"]))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=max(1, epochs))
+    generator = torch.Generator().manual_seed(ctx.seed)
+    model.to(ctx.device).train()
+    last_finite: float | None = None
+    for epoch in range(1, epochs + 1):
+        order = torch.randperm(len(inputs), generator=generator)
+        total = 0.0
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            x = inputs[batch].to(ctx.device)
+            x = augment(x) if augment is not None else x
+            loss = loss_fn(model(x), targets[batch].to(ctx.device))
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            total += float(loss.detach()) * len(batch)
+        last_finite = check_loss(total / len(inputs), epoch=epoch, last_finite=last_finite)
+        schedule.step()
+        if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
+            ctx.log(f"epoch {epoch}/{epochs}: loss {last_finite:.4f}")
+
+
+def predict(model: torch.nn.Module, inputs: torch.Tensor, ctx: BaselineContext) -> np.ndarray:
+    torch, _ = _torch_and_timm()
+    model.eval()
+    outputs = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), int(ctx.params["batch_size"])):
+            outputs.append(model(inputs[start:start + int(ctx.params["batch_size"])].to(ctx.device)).float().cpu())
+    return torch.cat(outputs).numpy()
+
+
+def _prepare_run(ctx: BaselineContext) -> None:
+    isolate_caches(ctx.work_dir)
+    resolve_device(ctx.device)
+    seed_everything(ctx.seed)
+
+
+# ---- timm-regress: LDCT-IQA ---------------------------------------------------------------------------------------
+def read_ldct_slice(path: Path) -> np.ndarray:
+    low, high = HU_WINDOW
+    hu = read_image_2d(path, what="CT slice").astype(np.float32)
+    return (np.clip(hu, low, high) - low) / (high - low)
+
+
+def read_training_scores(public_dir: Path) -> dict[str, float]:
+    path = public_dir / "train" / "labels.csv"
+    if not path.is_file():
+        raise TaskDataMissingError(f"{path} is missing", hint="run `rexmle prepare ldct-iqa` first")
+    with path.open(newline="") as fh:
+        return {row["image_id"]: float(row["quality_score"]) for row in csv.DictReader(fh)}
+
+
+def random_flips(x: torch.Tensor) -> torch.Tensor:
+    """Flip each image left-right and up-down at random: the quality of a slice does not depend on its side."""
+    torch, _ = _torch_and_timm()
+    flip_w = torch.rand(len(x), device=x.device) < 0.5
+    flip_h = torch.rand(len(x), device=x.device) < 0.5
+    x = torch.where(flip_w[:, None, None, None], x.flip(-1), x)
+    return torch.where(flip_h[:, None, None, None], x.flip(-2), x)
+
+
+@register_baseline
+class TimmRegress(Baseline):
+    name: ClassVar[str] = "timm-regress"
+    extra: ClassVar[str] = "timm"
+    requires: ClassVar[tuple[str, ...]] = ("torch", "timm")
+    description: ClassVar[str] = "timm CNN regressing LDCT-IQA's radiologist quality score from the slice (MSE)"
+    configs: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {"model": "resnet10t", "epochs": 25, "batch_size": 8, "lr": 1e-3, "weight_decay": 1e-4,
+                  "pretrained": None},
+        "full": {"model": "resnet50", "epochs": 100, "batch_size": 16, "lr": 3e-4, "weight_decay": 1e-4,
+                 "pretrained": None},
+    }
+
+    def supports(self, task_id: str, grader_id: str) -> bool:
+        return grader_id == LDCT_GRADER
+
+    def run(self, ctx: BaselineContext) -> None:
+        torch, _ = _torch_and_timm()
+        _prepare_run(ctx)
+        scores = read_training_scores(ctx.public_dir)
+        ids = sorted(scores)
+        images = torch.from_numpy(np.stack([read_ldct_slice(ctx.public_dir / "train" / "images" / f"{i}.tif")
+                                            for i in ids]))[:, None]
+        values = np.array([scores[i] for i in ids], dtype=np.float32)
+        mean, std = float(values.mean()), float(values.std()) or 1.0
+        targets = torch.from_numpy((values - mean) / std)[:, None]
+        ctx.log(f"{len(ids)} training slices {tuple(images.shape[-2:])}, score {mean:.2f} +- {std:.2f}")
+        model = create_backbone(ctx.params, in_chans=1, num_classes=1)
+        fit(model, images, targets, torch.nn.functional.mse_loss, ctx, augment=random_flips)
+        test_ids = TestManifest.read(ctx.public_dir).ids
+        test = torch.from_numpy(np.stack([read_ldct_slice(ctx.public_dir / "test" / "images" / f"{i}.tif")
+                                          for i in test_ids]))[:, None]
+        predicted = predict(model, test, ctx)[:, 0] * std + mean
+        grader = get_grader(ctx.grader_id)
+        (column,) = grader.schema.value_columns
+        write_submission_csv(ctx.out_dir, grader.schema, [{grader.schema.id_column: i, column.name: repr(float(v))}
+                                                          for i, v in zip(test_ids, predicted, strict=True)])
+
+
+# ---- timm-cls: TopCoW task 3 --------------------------------------------------------------------------------------
+def read_edges(path: Path) -> list[int]:
+    """The 8 edge flags of a training edge list (anterior then posterior, in the grader's key order)."""
+    try:
+        edges = parse_edges(read_edge_document(path, path.name), path.name)
+    except InvalidSubmissionError as exc:
+        raise TaskDataMissingError("; ".join(exc.problems), hint="re-run `rexmle prepare TASK --force`") from None
+    return [flag for region in EDGE_KEYS for flag in edges[region]]
+
+
+def projections(path: Path, size: int) -> np.ndarray:
+    """Axial, coronal and sagittal maximum-intensity projections of a volume, each robustly scaled to [0, 1] and
+    resized to ``size`` x ``size``: (3, size, size) float32."""
+    sitk = require_module("SimpleITK", extra="timm", package="rexmle-baselines")
+    torch, _ = _torch_and_timm()
+    volume = sitk.GetArrayFromImage(sitk.ReadImage(str(path))).astype(np.float32)  # (z, y, x)
+    low, high = np.percentile(volume, [0.5, 99.9])
+    volume = np.clip((volume - low) / max(float(high - low), 1e-6), 0.0, 1.0).astype(np.float32)
+    planes = [volume.max(axis=axis) for axis in (0, 1, 2)]
+    resized = [torch.nn.functional.interpolate(torch.from_numpy(np.ascontiguousarray(p))[None, None],
+                                               size=(size, size), mode="bilinear", align_corners=False)[0, 0]
+               for p in planes]
+    return torch.stack(resized).numpy().astype(np.float32)
+
+
+def _volume_of(folder: Path, case_id: str) -> Path:
+    matches = sorted(folder.glob(f"{case_id}_0000.*"))
+    if len(matches) != 1:
+        raise TaskDataMissingError(f"expected one image {case_id}_0000.* in {folder}, found {len(matches)}",
+                                   hint="run `rexmle prepare TASK` first")
+    return matches[0]
+
+
+def write_edge_submission(ctx: BaselineContext, case_ids: Sequence[str], flags: np.ndarray) -> None:
+    grader = get_grader(ctx.grader_id)
+    (column,) = grader.schema.file_columns
+    modality = str(grader.modality)  # type: ignore[attr-defined]
+    rows = []
+    for case_id, row in zip(case_ids, flags, strict=True):
+        relative = column.path_for(case_id)
+        path = ctx.out_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        values = iter(int(v) for v in row)
+        document = {region: {key: next(values) for key in keys} for region, keys in EDGE_KEYS.items()}
+        path.write_text(json.dumps(document) + "\n")
+        rows.append({grader.schema.id_column: case_id, "modality": modality, column.name: relative})
+    write_submission_csv(ctx.out_dir, grader.schema, rows)
+
+
+@register_baseline
+class TimmClassifier(Baseline):
+    name: ClassVar[str] = "timm-cls"
+    extra: ClassVar[str] = "timm"
+    requires: ClassVar[tuple[str, ...]] = ("torch", "timm", "SimpleITK")
+    description: ClassVar[str] = ("timm multi-label classifier of image-level labels (TopCoW task-3 Circle-of-Willis "
+                                  "edges) from axial/coronal/sagittal MIPs")
+    configs: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {"model": "resnet10t", "image_size": 64, "epochs": 30, "batch_size": 8, "lr": 1e-3,
+                  "weight_decay": 1e-4, "pretrained": None},
+        "full": {"model": "resnet50", "image_size": 256, "epochs": 200, "batch_size": 16, "lr": 3e-4,
+                 "weight_decay": 1e-4, "pretrained": None},
+    }
+
+    def supports(self, task_id: str, grader_id: str) -> bool:
+        return grader_id in TOPCOW_EDGE_GRADERS
+
+    def run(self, ctx: BaselineContext) -> None:
+        torch, _ = _torch_and_timm()
+        _prepare_run(ctx)
+        size = int(ctx.params["image_size"])
+        edge_files = sorted((ctx.public_dir / "train" / "edges").glob("*.yml"))
+        if not edge_files:
+            raise TaskDataMissingError(f"no training edge lists in {ctx.public_dir / 'train' / 'edges'}",
+                                       hint="run `rexmle prepare TASK` first")
+        train_ids = [p.stem for p in edge_files]
+        images = torch.from_numpy(np.stack([projections(_volume_of(ctx.public_dir / "train" / "images", i), size)
+                                            for i in train_ids]))
+        targets = torch.tensor([read_edges(p) for p in edge_files], dtype=torch.float32)
+        ctx.log(f"{len(train_ids)} training volumes -> 3 MIPs of {size}x{size}; edge prevalence "
+                f"{[round(float(v), 2) for v in targets.mean(0)]}")
+        model = create_backbone(ctx.params, in_chans=3, num_classes=targets.shape[1])
+        fit(model, images, targets, torch.nn.functional.binary_cross_entropy_with_logits, ctx)
+        test_ids = TestManifest.read(ctx.public_dir).ids
+        test = torch.from_numpy(np.stack([projections(_volume_of(ctx.public_dir / "test" / "images", i), size)
+                                          for i in test_ids]))
+        write_edge_submission(ctx, test_ids, predict(model, test, ctx) > 0.0)
