@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from rexmle_agents.models import GenerateConfig, ToolCall, ToolSpec, UsageLedger, get_model
+from rexmle_agents.models import Budget, GenerateConfig, ToolCall, ToolSpec, UsageLedger, get_model, load_prices
 from rexmle_grade.errors import ConfigurationError, ModelAPIError
 
 TOOLS = [ToolSpec(name="run", description="Run a shell command.", parameters={"type": "object"})]
@@ -37,8 +37,9 @@ def test_chat_goes_to_the_deployment_with_key_and_version(model, server, wire):
     reply = model.generate("List files.", tools=TOOLS, config=GenerateConfig(max_tokens=64))
     assert reply.tool_calls == (ToolCall(id="call_1", name="run", arguments={"cmd": "ls"}),)
     assert (reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cached_input_tokens) == (900, 30, 100)
-    assert reply.cost_usd is None  # a deployment name says nothing of its price
-    assert model.ledger.totals().uncosted_calls == 1 and model.ledger.totals().unknown_usage_calls == 0
+    # priced as the model the deployment answered as (gpt-5-2025-08-07 -> openai/gpt-5's list price)
+    assert reply.cost_usd == pytest.approx((800 * 1.25 + 100 * 0.125 + 30 * 10.0) / 1e6)
+    assert model.ledger.totals().uncosted_calls == 0 and model.ledger.totals().unknown_usage_calls == 0
     [request] = server.requests
     assert request.path == f"/openai/deployments/my-gpt5/chat/completions?api-version={VERSION}"
     assert request.headers["api-key"] == "az-key"
@@ -108,3 +109,26 @@ def test_missing_settings_are_named(monkeypatch, env, missing):
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigurationError, match=missing or "AZURE_OPENAI_API_KEY is not set"):
         get_model("azure/dep", api_key=None if missing is None else "k")
+
+
+def test_a_deployment_serving_an_unpriced_model_is_counted_in_tokens(model, server, wire):
+    server.json(wire.chat_completion("ok", model="my-finetune-2025"))
+    assert model.generate("hi").cost_usd is None
+    assert model.ledger.totals().uncosted_calls == 1
+
+
+def test_a_money_budget_needs_a_price_for_the_model_the_deployment_serves(azure_env, server, wire, fast_retry):
+    model = get_model("azure/dep", retry=fast_retry, ledger=UsageLedger(budget=Budget(max_cost_usd=1.0)))
+    server.json(wire.chat_completion("ok", model="gpt-4o-2024-08-06"))
+    assert model.generate("hi").cost_usd == pytest.approx((100 * 2.5 + 20 * 10.0) / 1e6)
+    server.json(wire.chat_completion("ok", model="my-finetune-2025"))
+    with pytest.raises(ConfigurationError, match="answered as model 'my-finetune-2025', which has no price"):
+        model.generate("hi")
+
+
+def test_a_priced_deployment_uses_its_own_entry(azure_env, server, wire, fast_retry, tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text("as_of: 2026-01-01\nsources: [contract]\nmodels:\n  azure/dep: {input: 2.0, output: 20.0}\n")
+    server.json(wire.chat_completion("ok", usage=(1000, 100, 0)))
+    reply = get_model("azure/dep", retry=fast_retry, prices=load_prices(path)).generate("hi")
+    assert reply.cost_usd == pytest.approx((1000 * 2.0 + 100 * 20.0) / 1e6)

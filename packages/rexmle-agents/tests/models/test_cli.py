@@ -29,6 +29,7 @@ def test_prices_table_shows_date_and_sources(capsys):
     assert main(["models", "prices"]) == 0
     out = capsys.readouterr().out
     assert "as of" in out and "sources: https://" in out and "cached input" in out
+    assert "google/gemini-2.5-pro" in out and "prompt > 200,000 tokens" in out
 
 
 def test_bad_price_table_is_a_clear_error(tmp_path, capsys):

@@ -92,6 +92,16 @@ def test_prices_are_dated_and_priced_per_million_tokens():
     assert price.cost(usage) == pytest.approx(0.5 * 1.25 + 0.5 * 0.125 + 10.0)
 
 
+def test_gemini_pro_prompts_over_200k_tokens_cost_the_long_context_rates():
+    price = load_prices().lookup("google/gemini-2.5-pro")
+    short = Usage(input_tokens=200_000, output_tokens=1_000, cached_input_tokens=100_000)
+    assert price.cost(short) == pytest.approx((100_000 * 1.25 + 100_000 * 0.125 + 1_000 * 10.0) / 1e6)
+    long = Usage(input_tokens=200_001, output_tokens=1_000)
+    assert price.cost(long) == pytest.approx((200_001 * 2.50 + 1_000 * 15.0) / 1e6)
+    flash = load_prices().lookup("google/gemini-2.5-flash")
+    assert flash.long_context is None and flash.cost(long) == pytest.approx((200_001 * 0.30 + 1_000 * 2.50) / 1e6)
+
+
 def test_custom_price_table(tmp_path: Path):
     path = tmp_path / "prices.yaml"
     path.write_text(

@@ -29,15 +29,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ModelPrice(_Frozen):
-    """US dollars per million tokens of one model."""
+class _Rates(_Frozen):
+    """US dollars per million tokens."""
 
     input: float = Field(ge=0)
     output: float = Field(ge=0)
     cached_input: float | None = Field(default=None, ge=0)
     cache_write: float | None = Field(default=None, ge=0)
 
-    def cost(self, usage: Usage) -> float:
+    def _cost(self, usage: Usage) -> float:
         cached = self.input if self.cached_input is None else self.cached_input
         write = self.input if self.cache_write is None else self.cache_write
         uncached = usage.input_tokens - usage.cached_input_tokens - usage.cache_write_input_tokens
@@ -47,6 +47,25 @@ class ModelPrice(_Frozen):
             + usage.cache_write_input_tokens * write
             + usage.output_tokens * self.output
         ) / 1_000_000
+
+
+class LongContextRates(_Rates):
+    """The rates of a whole call whose prompt is longer than ``above_input_tokens`` (Gemini Pro models)."""
+
+    above_input_tokens: int = Field(gt=0)
+
+
+class ModelPrice(_Rates):
+    """US dollars per million tokens of one model; ``long_context`` replaces every rate of a call whose prompt
+    exceeds its threshold."""
+
+    long_context: LongContextRates | None = None
+
+    def cost(self, usage: Usage) -> float:
+        tier = self.long_context
+        if tier is not None and usage.input_tokens > tier.above_input_tokens:
+            return tier._cost(usage)
+        return self._cost(usage)
 
 
 class PriceTable(_Frozen):

@@ -34,6 +34,7 @@ from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, T
 from rexmle_grade.errors import ConfigurationError, ModelAPIError
 
 logger = logging.getLogger(__name__)
+AZURE_PREFIX = "azure/"
 
 # 408 request timeout, 409 conflict (OpenAI uses it for transient lock contention), 429 rate limit; 5xx below.
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -211,8 +212,12 @@ class Model:
         self.retry = retry or RetryPolicy()
         self.ledger = ledger
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self.price: ModelPrice | None = (prices or load_prices()).lookup(self.name)
-        if self.price is None:
+        self._prices = prices or load_prices()
+        self.price: ModelPrice | None = self._prices.lookup(self.name)
+        # an Azure deployment's name does not say which model it serves: each call is priced as the OpenAI model
+        # its response names (a Global deployment costs OpenAI's list price), unless the table prices the deployment
+        self._price_per_response = self.price is None and self.name.startswith(AZURE_PREFIX)
+        if self.price is None and not self._price_per_response:
             logger.warning("%s is not in the price table: its calls are counted in tokens, not dollars", self.name)
             if ledger is not None and ledger.budget is not None and ledger.budget.max_cost_usd is not None:
                 raise ConfigurationError(
@@ -257,11 +262,23 @@ class Model:
             raise self._gave_up(
                 attempt.retry_state, time.monotonic() - started, timeouts
             ) from exc.last_attempt.exception()
-        cost = self.price.cost(response.usage) if self.price is not None and response.usage_known else None
+        price = self.price if not self._price_per_response else self._response_price(response)
+        cost = price.cost(response.usage) if price is not None and response.usage_known else None
         response = response.model_copy(update={"cost_usd": cost, "retry_time_s": attempt_started - started})
         if self.ledger is not None:
             self.ledger.record(self.name, response, duration_s=time.monotonic() - started)
         return response
+
+    def _response_price(self, response: ModelResponse) -> ModelPrice | None:
+        price = self._prices.lookup(f"openai/{response.model}") if response.model else None
+        budget = self.ledger.budget if self.ledger is not None else None
+        if price is None and budget is not None and budget.max_cost_usd is not None:
+            raise ConfigurationError(
+                f"a money budget is set but {self.name} answered as model {response.model or '(unnamed)'!r}, "
+                "which has no price, so its cost cannot be counted",
+                hint=f"add {self.name} to the price table, or use a token budget (Budget(max_tokens=...))",
+            )
+        return price
 
     def _log_retry(self, state: RetryCallState) -> None:
         failure = _failure(state)

@@ -61,5 +61,8 @@ def prices_command(
         view.add_column(column, no_wrap=True)
     for name, price in table.models.items():
         view.add_row(name, _usd(price.input), _usd(price.cached_input), _usd(price.cache_write), _usd(price.output))
+        if (tier := price.long_context) is not None:
+            view.add_row(f"  prompt > {tier.above_input_tokens:,} tokens", _usd(tier.input), _usd(tier.cached_input),
+                         _usd(tier.cache_write), _usd(tier.output))
     Console().print(view)
     typer.echo("sources: " + ", ".join(table.sources))
