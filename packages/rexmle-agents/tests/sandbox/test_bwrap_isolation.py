@@ -61,6 +61,29 @@ def test_workspace_is_writable_and_data_readable(world) -> None:
     assert result.stdout_path is not None and result.stdout_path.read_text() == result.stdout_tail
 
 
+def test_a_python_environment_under_tmp_is_reachable_while_tmp_stays_private(world, monkeypatch) -> None:
+    import tempfile
+
+    from rexmle_agents.sandbox import environment
+
+    venv = Path(tempfile.mkdtemp(prefix="rexmle-venv-", dir="/tmp"))  # a fresh clone's .venv in /tmp
+    try:
+        tool = venv / "bin" / "tool"
+        tool.parent.mkdir()
+        tool.write_text("#!/bin/sh\necho tool-ran\n")
+        tool.chmod(0o755)
+        (venv.parent / f"{venv.name}-beside.txt").write_text("host tmp")
+        real = environment.python_paths()
+        monkeypatch.setattr(environment, "python_paths", lambda: [*real, venv])
+        result = get_sandbox("bwrap", world.spec()).run(
+            ["/bin/sh", "-c", f"{tool} && ls /tmp && touch /tmp/scratch && echo writable"])
+        assert result.ok, result.stderr_tail
+        assert result.stdout_tail.split() == ["tool-ran", venv.name, "writable"]  # nothing else of the host's /tmp
+    finally:
+        shutil.rmtree(venv)
+        (venv.parent / f"{venv.name}-beside.txt").unlink()
+
+
 def test_private_data_is_unreachable_by_path_and_proc(world) -> None:
     sandbox = get_sandbox("bwrap", world.spec())
     labels = world.private / "labels.txt"

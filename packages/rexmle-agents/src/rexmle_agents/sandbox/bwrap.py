@@ -61,11 +61,13 @@ class BwrapSandbox(Sandbox):
         args += ["--hostname", "sandbox", "--clearenv"]
         for key, value in self.env.items():
             args += ["--setenv", key, value]
+        # the private /tmp comes first: a Python environment under /tmp (a fresh clone there) is bound into it
+        args += ["--tmpfs", "/tmp"]
         for target, link in self.view.symlinks:
             args += ["--symlink", target, link]
         for path in self.view.ro_paths:
             args += ["--ro-bind", str(path), str(path)]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
         if spec.limits.gpus:
             # CUDA_VISIBLE_DEVICES picks the run's GPUs; the driver needs its control nodes and sysfs to start.
             for node in sorted(glob.glob("/dev/nvidia*")):
