@@ -16,15 +16,16 @@ from rexmle_grade.errors import UserInputError
 pytest.importorskip("monai")
 
 
-def run_quick(task_id: str, prepared, tmp_path: Path, cases: int) -> dict[str, float]:
+def run_quick(task_id: str, prepared, tmp_path: Path, cases: int, **overrides: object) -> dict[str, float]:
     public = prepared.public(task_id, cases=cases)
-    run = run_baseline("monai-seg", task_id, public_dir=public, out=tmp_path / "sub", work_dir=tmp_path / "w")
+    run = run_baseline("monai-seg", task_id, public_dir=public, out=tmp_path / "sub", work_dir=tmp_path / "w",
+                       overrides=overrides)
     assert run.valid, run.problems
     return prepared.beats_sample(task_id, run.submission_dir)
 
 
 def test_monai_seg_quick_segments_ravir_vessels_better_than_the_empty_sample(prepared, tmp_path: Path) -> None:
-    metrics = run_quick("ravir", prepared, tmp_path, cases=10)
+    metrics = run_quick("ravir", prepared, tmp_path, cases=10, epochs=15)  # 2-D vessels learn in fewer epochs
     assert metrics["dice"] > 0.2
 
 

@@ -120,7 +120,7 @@ class MonaiSegmentation(Baseline):
         "quick": {"network": "unet", "channels": (8, 16, 32), "strides": (2, 2), "num_res_units": 1,
                   "init_filters": 8, "blocks_down": (1, 2, 2), "patch_size_2d": (64, 64),
                   "patch_size_3d": (32, 32, 32), "samples_per_case": 2, "pos_ratio": 2.0, "batch_size": 4,
-                  "epochs": 15, "lr": 3e-3, "weight_decay": 1e-5, "overlap": 0.25, "sw_batch_size": 4,
+                  "epochs": 40, "lr": 3e-3, "weight_decay": 1e-5, "overlap": 0.25, "sw_batch_size": 4,
                   "cache_rate": 1.0, "workers": 0},
         "full": {"network": "segresnet", "channels": (32, 64, 128, 256, 320), "strides": (2, 2, 2, 2),
                  "num_res_units": 2, "init_filters": 32, "blocks_down": (1, 2, 2, 4), "patch_size_2d": (512, 512),
