@@ -17,7 +17,6 @@ pytest.importorskip("timm")
 TASK = "dentex"
 
 
-@pytest.mark.slow
 def test_detector_quick_finds_abnormal_teeth_the_empty_sample_misses(prepared, tmp_path: Path) -> None:
     public = prepared.public(TASK, cases=10)
     run = run_baseline("detector", TASK, public_dir=public, out=tmp_path / "sub", work_dir=tmp_path / "w")
