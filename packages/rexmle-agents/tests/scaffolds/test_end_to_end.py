@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +98,9 @@ def test_time_limit_ends_the_run_with_the_best_node_submitted(run_scaffold, fake
 
 
 @pytest.mark.slow
-def test_a_scripted_twenty_node_aide_run_takes_under_two_minutes(run_scaffold, fakes) -> None:
+def test_a_scripted_twenty_node_aide_run_completes_and_grades(run_scaffold, fakes) -> None:
+    """Its time is tools/bench_scaffolds.py's figure (target: under 2 minutes on 2 cores)."""
     fake = fakes.FakeModel([fakes.CRASH_SCRIPT, fakes.good(1.0)])
-    started = time.monotonic()
     outcome, _ = run_scaffold("aide", fake, config={"num_drafts": 4}, limits=Limits(time_limit_s=600, max_steps=20,
                                                                                   exec_timeout_s=30))
-    seconds = time.monotonic() - started
-    print(f"20-node aide run: {seconds:.1f} s")
-    assert len(tree_of(outcome.run_dir).done) == 20 and outcome.grade is not None
-    assert seconds < 120
+    assert len(tree_of(outcome.run_dir).done) == 20 and outcome.grade is not None and outcome.grade.valid_submission
