@@ -88,6 +88,24 @@ def network_stride(params: Mapping[str, Any]) -> int:
     return int(np.prod([int(s) for s in params["strides"]]))
 
 
+# the vessel tasks: each label is one connected segment of the arterial tree, so stray islands are noise (and cost
+# Betti-0 errors and loose ROI boxes); lesions, tumours and cells come in any number
+ONE_COMPONENT_PER_LABEL = ("topcow-", "topbrain-")
+
+
+def keeps_largest_component(params: Mapping[str, Any], grader_id: str, n_labels: int) -> Any:
+    """MONAI's ``KeepLargestConnectedComponent`` over every foreground label when ``keep_largest`` is true, or
+    ``auto`` on a task whose labels are single structures; None otherwise."""
+    value = str(params["keep_largest"]).lower()
+    if value not in ("auto", "true", "false"):
+        raise UserInputError(f"keep_largest must be auto, true or false, got {params['keep_largest']!r}",
+                             hint="--set keep_largest=auto")
+    if value == "false" or (value == "auto" and not grader_id.startswith(ONE_COMPONENT_PER_LABEL)):
+        return None
+    transforms = require_module("monai.transforms", extra="monai", package="rexmle-baselines")
+    return transforms.KeepLargestConnectedComponent(applied_labels=list(range(1, n_labels)), independent=True)
+
+
 def training_loader(io: SegmentationIO, cases: Sequence[SegCase], patch: tuple[int, ...], ctx: BaselineContext) -> Any:
     monai = require_module("monai", extra="monai", package="rexmle-baselines")
     torch = require_module("torch", extra="monai", package="rexmle-baselines")
@@ -121,12 +139,12 @@ class MonaiSegmentation(Baseline):
                   "init_filters": 8, "blocks_down": (1, 2, 2), "patch_size_2d": (64, 64),
                   "patch_size_3d": (32, 32, 32), "samples_per_case": 2, "pos_ratio": 2.0, "batch_size": 4,
                   "epochs": 40, "lr": 3e-3, "weight_decay": 1e-5, "overlap": 0.25, "sw_batch_size": 4,
-                  "cache_rate": 1.0, "workers": 0},
+                  "cache_rate": 1.0, "workers": 0, "keep_largest": "auto"},
         "full": {"network": "segresnet", "channels": (32, 64, 128, 256, 320), "strides": (2, 2, 2, 2),
                  "num_res_units": 2, "init_filters": 32, "blocks_down": (1, 2, 2, 4), "patch_size_2d": (512, 512),
                  "patch_size_3d": (128, 128, 128), "samples_per_case": 2, "pos_ratio": 1.0, "batch_size": 2,
                  "epochs": 300, "lr": 2e-4, "weight_decay": 1e-5, "overlap": 0.5, "sw_batch_size": 2,
-                 "cache_rate": 1.0, "workers": 4},
+                 "cache_rate": 1.0, "workers": 4, "keep_largest": "auto"},
     }
 
     def supports(self, task_id: str, grader_id: str) -> bool:
@@ -174,6 +192,7 @@ class MonaiSegmentation(Baseline):
             if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
                 ctx.log(f"epoch {epoch}/{epochs}: loss {last_finite:.4f}")
         model.eval()
+        keep_largest = keeps_largest_component(params, ctx.grader_id, len(io.labels))
         predictions: dict[str, np.ndarray] = {}
         for case in io.test_cases():
             image, _ = io.read_image(case)
@@ -183,6 +202,9 @@ class MonaiSegmentation(Baseline):
                                                            sw_batch_size=int(params["sw_batch_size"]),
                                                            predictor=model, overlap=float(params["overlap"]),
                                                            mode="gaussian")
-            predictions[case.case_id] = logits.argmax(dim=1)[0].cpu().numpy().astype(np.uint8)
+            labels = logits.argmax(dim=1)
+            if keep_largest is not None:
+                labels = keep_largest(labels)
+            predictions[case.case_id] = labels[0].cpu().numpy().astype(np.uint8)
         io.write_submission(predictions, ctx.out_dir)
         ctx.log(f"wrote predictions for {len(predictions)} test cases")
