@@ -124,6 +124,7 @@ def test_a_money_budget_needs_a_price_for_the_model_the_deployment_serves(azure_
     server.json(wire.chat_completion("ok", model="my-finetune-2025"))
     with pytest.raises(ConfigurationError, match="answered as model 'my-finetune-2025', which has no price"):
         model.generate("hi")
+    assert model.ledger.totals().calls == 2 and model.ledger.totals().uncosted_calls == 1  # its tokens still count
 
 
 def test_a_priced_deployment_uses_its_own_entry(azure_env, server, wire, fast_retry, tmp_path):

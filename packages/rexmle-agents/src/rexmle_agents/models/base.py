@@ -262,23 +262,21 @@ class Model:
             raise self._gave_up(
                 attempt.retry_state, time.monotonic() - started, timeouts
             ) from exc.last_attempt.exception()
-        price = self.price if not self._price_per_response else self._response_price(response)
+        price = self.price
+        if self._price_per_response and response.model:
+            price = self._prices.lookup(f"openai/{response.model}")
         cost = price.cost(response.usage) if price is not None and response.usage_known else None
         response = response.model_copy(update={"cost_usd": cost, "retry_time_s": attempt_started - started})
         if self.ledger is not None:
             self.ledger.record(self.name, response, duration_s=time.monotonic() - started)
+            budget = self.ledger.budget
+            if price is None and budget is not None and budget.max_cost_usd is not None:  # an Azure deployment
+                raise ConfigurationError(
+                    f"a money budget is set but {self.name} answered as model {response.model or '(unnamed)'!r}, "
+                    "which has no price, so its cost cannot be counted (the call is recorded in tokens)",
+                    hint=f"add {self.name} to the price table, or use a token budget (Budget(max_tokens=...))",
+                )
         return response
-
-    def _response_price(self, response: ModelResponse) -> ModelPrice | None:
-        price = self._prices.lookup(f"openai/{response.model}") if response.model else None
-        budget = self.ledger.budget if self.ledger is not None else None
-        if price is None and budget is not None and budget.max_cost_usd is not None:
-            raise ConfigurationError(
-                f"a money budget is set but {self.name} answered as model {response.model or '(unnamed)'!r}, "
-                "which has no price, so its cost cannot be counted",
-                hint=f"add {self.name} to the price table, or use a token budget (Budget(max_tokens=...))",
-            )
-        return price
 
     def _log_retry(self, state: RetryCallState) -> None:
         failure = _failure(state)
