@@ -65,9 +65,12 @@ MORE_ITERATIONS = {task: {"iterations": "40"} for task in segmentation_grader_id
                    if task.startswith(("topcow", "topbrain", "panther", "isles", "seg_a"))}
 
 
-# TopCoW task 3 scores a case only when all four edges of a region are right, which a 2-epoch CPU model of 13 vessel
-# classes did not reach on the synthetic mirror (both tracks: 0.0 like the sample, also with 40 iterations)
-WEAK_AT_QUICK = {"topcow-track1-task3", "topcow-track2-task3"}
+# Measured on the synthetic mirrors (quick, 2 x 40 iterations on CPU): TopCoW task 3 scores a case only when all four
+# edges of a region are right, which the model never reached (0.0 like the sample, both tracks); on TopBrain track 1
+# and PANTHER task 1 it predicted nothing (ties the empty sample), and TopCoW task 2's box from its labels fell short
+# of the sample's central box (IoU 0.22 vs 0.45). The vessel tasks vary from run to run, so all are listed (one that
+# beats the sample passes). timm-cls covers TopCoW task 3 and monai-seg PANTHER task 1.
+WEAK_AT_QUICK = {t for t in segmentation_grader_ids() if t.startswith(("topcow-", "topbrain-"))} | {"panther-task1"}
 
 
 def run_quick(task_id: str, prepared, tmp_path: Path, cases: int) -> None:
