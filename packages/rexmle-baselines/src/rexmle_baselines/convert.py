@@ -14,8 +14,10 @@ polygons are rasterised per class. ``write_submission`` turns the predictions in
   (watershed on the distance to background);
 * PUMA nuclei: one polygon per connected component of each class, centred on its centroid;
 * TopCoW task 2: the bounding box of the predicted vessels widened by the median margin between the training
-  labels' box and the training ROI boxes; task 3: the edge lists read from the predicted labels' adjacency (the
-  same rule the task-1 grader applies to masks), as the challenge's strong teams derived them.
+  labels' box and the training ROI boxes (a box under half the training ROIs' median size on an axis, or no
+  prediction at all, gives way to the training ROIs' median box at their median position relative to the image);
+  task 3: the edge lists read from the predicted labels' adjacency (the same rule the task-1 grader applies to
+  masks), as the challenge's strong teams derived them.
 """
 
 from __future__ import annotations
@@ -235,41 +237,54 @@ class PantherIO(VolumeIO):
 class TopCowBoxIO(VolumeIO):
     """TopCoW task 2: the ROI box from the predicted CoW labels (see the module docstring)."""
 
-    def margins(self) -> tuple[np.ndarray, np.ndarray]:
-        """Median (lower, upper) margins, voxels per (x, y, z) axis, between the label box and the ROI box."""
+    def training_boxes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """From the training cases, per (x, y, z) axis: the median (lower, upper) margins in voxels between the
+        label box and the ROI box, the median ROI size, and the median ROI centre as a fraction of the image size
+        (None without ROI files)."""
         from rexmle_grade.metrics.boxes import parse_roi_txt
 
-        lower, upper = [], []
+        lower, upper, sizes, centres = [], [], [], []
         for case in self.training_cases():
             roi_file = self.public_dir / "train" / "roi" / f"{case.case_id}.txt"
-            box = label_box(self.read_label(case))
-            if not roi_file.is_file() or box is None:
+            if not roi_file.is_file():
                 continue
             roi = parse_roi_txt(roi_file.read_text())
+            sizes.append(np.asarray(roi.size))
+            image_size = np.asarray(self.test_geometry(case).size)
+            centres.append((np.asarray(roi.location) + np.asarray(roi.size) / 2) / image_size)
+            box = label_box(self.read_label(case))
+            if box is None:
+                continue
             start, end = box
             lower.append(start - np.asarray(roi.location))
             upper.append(np.asarray(roi.location) + np.asarray(roi.size) - 1 - end)
-        if not lower:
-            return np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64)
-        return (np.round(np.median(lower, axis=0)).astype(np.int64),
-                np.round(np.median(upper, axis=0)).astype(np.int64))
+
+        def median(values: list[np.ndarray]) -> np.ndarray:
+            return np.round(np.median(values, axis=0)).astype(np.int64) if values else np.zeros(3, np.int64)
+
+        centre = np.median(centres, axis=0) if centres else None
+        return median(lower), median(upper), median(sizes), centre
 
     def write_submission(self, predictions: Mapping[str, np.ndarray], out_dir: Path) -> None:
-        self._margins = self.margins()
+        self._low, self._high, self._roi_size, self._roi_centre = self.training_boxes()
         super().write_submission(predictions, out_dir)
 
     def write_prediction(self, case: SegCase, prediction: np.ndarray, target: Path) -> None:
         labels = self.task_label_map(case, prediction)
         size = np.asarray(self.test_geometry(case).size)
         box = label_box(labels)
-        if box is None:  # nothing predicted: the central half of the image
-            location = size // 4
-            extent = np.maximum(size // 2, 1)
-        else:
-            low, high = self._margins
-            start = np.clip(box[0] - low, 0, size - 1)
-            end = np.clip(box[1] + high, start, size - 1)
+        if box is not None:
+            start = np.clip(box[0] - self._low, 0, size - 1)
+            end = np.clip(box[1] + self._high, start, size - 1)
             location, extent = start, end - start + 1
+        if self._roi_centre is None:  # no training ROIs to learn from: the box, or the central half
+            if box is None:
+                location, extent = size // 4, np.maximum(size // 2, 1)
+        elif box is None or (extent < np.clip(self._roi_size, 1, size) // 2).any():
+            # nothing predicted, or too small a box to hold the whole circle (a few stray voxels): the training
+            # ROIs' median box, placed at their median relative position in the image
+            extent = np.clip(self._roi_size, 1, size)
+            location = np.clip(np.round(self._roi_centre * size - extent / 2).astype(np.int64), 0, size - extent)
         target.write_text(json.dumps({"size": [int(v) for v in extent], "location": [int(v) for v in location]})
                           + "\n")
 
