@@ -65,6 +65,23 @@ def test_topcow_box_from_gold_labels_overlaps_the_true_roi(prepared, tmp_path: P
     assert result.metrics["iou"] > 0.5  # the central-box sample submission scores about 0.1 here
 
 
+def test_topcow_box_from_stray_voxels_falls_back_on_the_training_rois(prepared, tmp_path: Path) -> None:
+    task_id = "topcow-track1-task2"
+    public = prepared.public(task_id, cases=4)
+    io = segmentation_io(task_id, task_id, public)
+    stray = {}
+    for case in io.test_cases():
+        prediction = np.zeros(io.read_image(case)[1].numpy_shape, dtype=np.uint8)
+        prediction[0, 0, 0] = 1  # one stray voxel in a corner: no box of the circle
+        stray[case.case_id] = prediction
+    io.write_submission(stray, tmp_path / "stray")
+    io.write_submission({c: np.zeros_like(p) for c, p in stray.items()}, tmp_path / "empty")
+    grader, private = get_grader(task_id), prepared.private(task_id)
+    sample = grade_submission(grader, public / "sample_submission", public, private).metrics["iou"]
+    for name in ("stray", "empty"):
+        assert grade_submission(grader, tmp_path / name, public, private).metrics["iou"] > max(0.5, sample)
+
+
 def test_instances_split_touching_cells_at_their_boundary() -> None:
     semantic = np.zeros((12, 20), dtype=np.uint8)
     semantic[2:10, 2:18] = 2  # two cells sharing a boundary column
