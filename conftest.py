@@ -11,6 +11,8 @@ import os
 
 _workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
 if _workers:
-    _share = str(max(1, (os.cpu_count() or 1) // int(_workers)))
+    # the cores this process may use (a container's or a job's share), not the host's count
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _share = str(max(1, _cores // int(_workers)))
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_name, _share)
