@@ -151,6 +151,25 @@ def check_loss(loss: float, *, epoch: int, last_finite: float | None) -> float:
     return value
 
 
+def end_epoch(ctx: BaselineContext, epoch: int, epochs: int, mean_loss: float, last_finite: float | None, *,
+              what: str = "") -> float:
+    """:func:`check_loss` for an epoch's mean loss, logged at the first, the last and every fifth of the epochs;
+    returns it as the new last finite loss."""
+    loss = check_loss(mean_loss, epoch=epoch, last_finite=last_finite)
+    if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
+        ctx.log(f"{what}epoch {epoch}/{epochs}: loss {loss:.5g}")
+    return loss
+
+
+def adamw_cosine(model: Any, params: Mapping[str, Any], steps: int) -> tuple[Any, Any]:
+    """AdamW at ``lr`` / ``weight_decay`` from ``params`` and a cosine schedule annealed over ``steps`` steps."""
+    import torch
+
+    optimiser = torch.optim.AdamW(model.parameters(), lr=float(params["lr"]),
+                                  weight_decay=float(params["weight_decay"]))
+    return optimiser, torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=max(1, steps))
+
+
 def cuda_available() -> bool:
     if importlib.util.find_spec("torch") is None:
         return False

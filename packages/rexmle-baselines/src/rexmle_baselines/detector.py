@@ -22,7 +22,7 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
-    check_loss,
+    end_epoch,
     isolate_caches,
     register_baseline,
     resolve_device,
@@ -165,9 +165,7 @@ def train_detector(images: list[TrainingImage], label_set: LabelSet, ctx: Baseli
             schedule.step()
             total += float(loss.detach())
             batches += 1
-        last_finite = check_loss(total / batches, epoch=epoch, last_finite=last_finite)
-        if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
-            ctx.log(f"{label_set.name} detector, epoch {epoch}/{epochs}: loss {last_finite:.4f}")
+        last_finite = end_epoch(ctx, epoch, epochs, total / batches, last_finite, what=f"{label_set.name} detector, ")
     return model.eval()
 
 

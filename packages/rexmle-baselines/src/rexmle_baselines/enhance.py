@@ -26,7 +26,8 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
-    check_loss,
+    adamw_cosine,
+    end_epoch,
     isolate_caches,
     register_baseline,
     resolve_device,
@@ -118,9 +119,7 @@ def train(step_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], model
     torch = _torch("torch")
     params = ctx.params
     epochs, steps = int(params["epochs"]), int(params["steps_per_epoch"])
-    optimiser = torch.optim.AdamW(model.parameters(), lr=float(params["lr"]),
-                                  weight_decay=float(params["weight_decay"]))
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=max(1, epochs * steps))
+    optimiser, schedule = adamw_cosine(model, params, epochs * steps)
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
@@ -134,9 +133,7 @@ def train(step_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], model
             optimiser.step()
             schedule.step()
             total += float(loss.detach())
-        last_finite = check_loss(total / steps, epoch=epoch, last_finite=last_finite)
-        if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
-            ctx.log(f"epoch {epoch}/{epochs}: loss {last_finite:.5f}")
+        last_finite = end_epoch(ctx, epoch, epochs, total / steps, last_finite)
 
 
 def write_enhanced(ctx: BaselineContext, enhance: Callable[[np.ndarray], np.ndarray]) -> None:

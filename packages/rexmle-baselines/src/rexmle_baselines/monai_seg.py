@@ -20,7 +20,8 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
-    check_loss,
+    adamw_cosine,
+    end_epoch,
     isolate_caches,
     register_baseline,
     resolve_device,
@@ -173,9 +174,7 @@ class MonaiSegmentation(Baseline):
         loader = training_loader(io, cases, patch, ctx)
         loss_fn = losses.DiceCELoss(to_onehot_y=True, softmax=True)
         epochs = int(params["epochs"])
-        optimiser = torch.optim.AdamW(model.parameters(), lr=float(params["lr"]),
-                                      weight_decay=float(params["weight_decay"]))
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=max(1, epochs))
+        optimiser, schedule = adamw_cosine(model, params, epochs)
         last_finite: float | None = None
         for epoch in range(1, epochs + 1):
             model.train()
@@ -187,10 +186,8 @@ class MonaiSegmentation(Baseline):
                 optimiser.step()
                 total += float(loss.detach())
                 batches += 1
-            last_finite = check_loss(total / max(1, batches), epoch=epoch, last_finite=last_finite)
+            last_finite = end_epoch(ctx, epoch, epochs, total / max(1, batches), last_finite)
             schedule.step()
-            if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
-                ctx.log(f"epoch {epoch}/{epochs}: loss {last_finite:.4f}")
         model.eval()
         keep_largest = keeps_largest_component(params, ctx.grader_id, len(io.labels))
         predictions: dict[str, np.ndarray] = {}

@@ -23,7 +23,8 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
-    check_loss,
+    adamw_cosine,
+    end_epoch,
     isolate_caches,
     register_baseline,
     resolve_device,
@@ -71,9 +72,7 @@ def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     torch, _ = _torch_and_timm()
     params = ctx.params
     epochs, batch_size = int(params["epochs"]), int(params["batch_size"])
-    optimiser = torch.optim.AdamW(model.parameters(), lr=float(params["lr"]),
-                                  weight_decay=float(params["weight_decay"]))
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=max(1, epochs))
+    optimiser, schedule = adamw_cosine(model, params, epochs)
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
@@ -89,10 +88,8 @@ def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             loss.backward()
             optimiser.step()
             total += float(loss.detach()) * len(batch)
-        last_finite = check_loss(total / len(inputs), epoch=epoch, last_finite=last_finite)
+        last_finite = end_epoch(ctx, epoch, epochs, total / len(inputs), last_finite)
         schedule.step()
-        if epoch == 1 or epoch == epochs or epoch % max(1, epochs // 5) == 0:
-            ctx.log(f"epoch {epoch}/{epochs}: loss {last_finite:.4f}")
 
 
 def predict(model: torch.nn.Module, inputs: torch.Tensor, ctx: BaselineContext) -> np.ndarray:
