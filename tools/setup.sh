@@ -25,6 +25,14 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "warning: bubblewrap is missing: run 'sudo apt-get install -y bubblewrap' before running agents" >&2
   fi
 fi
+# Agent code never runs as root: a harness running as root drops it to this unprivileged user (setpriv, from
+# util-linux) inside the sandbox; without it the harness falls back on `nobody`.
+if [ "$(id -u)" = 0 ] && ! id rexmle-sandbox >/dev/null 2>&1; then
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin rexmle-sandbox 2>/dev/null \
+    || echo "warning: could not create the user rexmle-sandbox; agent code will run as nobody" >&2
+fi
+command -v setpriv >/dev/null 2>&1 || echo "warning: setpriv is missing (apt-get install -y util-linux); a harness" \
+  "running as root needs it to run agent code unprivileged" >&2
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
@@ -38,5 +46,16 @@ baselines="$root/packages/rexmle-baselines"
   -e "$root/packages/rexmle-agents" -e "$baselines"
 if [ "$dev" = 1 ]; then
   "${pip[@]}" -e "$root[dev]"
+  # The `rexmle view` tests drive Debian's chromium through playwright (never a browser playwright downloads).
+  if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing chromium (the browser of the rexmle view tests)"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
+        || echo "warning: could not install chromium; the browser tests of rexmle view will be skipped" >&2
+    else
+      echo "warning: chromium is missing: run 'sudo apt-get install -y chromium', or the browser tests of" \
+           "rexmle view are skipped" >&2
+    fi
+  fi
 fi
 echo "rexmle installed in $venv ($("$venv/bin/rexmle" version | tr '\n' ' '))"

@@ -50,7 +50,7 @@ def write_submission(folder: Path, ids: tuple[str, ...]) -> Path:
 
 def test_validate_prints_markup_ids_verbatim(value_task: Path, capsys: pytest.CaptureFixture[str]) -> None:
     submission = write_submission(value_task / "bad", IDS + MARKUP_IDS)
-    assert cli.main(["grade", "validate", "ldct-iqa", str(submission)]) == 2
+    assert cli.main(["grade", "validate", "ldct-iqa", str(submission)]) == 1  # invalid: exit 1 (cli_grade)
     err = capsys.readouterr().err
     assert "Traceback" not in err and "MarkupError" not in err
     unwrapped = " ".join(err.split())  # the console folds long lines at its width
@@ -61,7 +61,7 @@ def test_validate_prints_markup_ids_verbatim(value_task: Path, capsys: pytest.Ca
 def test_run_prints_markup_ids_verbatim(value_task: Path, capsys: pytest.CaptureFixture[str]) -> None:
     submission = write_submission(value_task / "bad", IDS + MARKUP_IDS)
     out = value_task / "report.json"
-    assert cli.main(["grade", "run", "ldct-iqa", str(submission), "-o", str(out)]) == 0
+    assert cli.main(["grade", "run", "ldct-iqa", str(submission), "-o", str(out)]) == 1  # invalid: exit 1
     printed = " ".join(capsys.readouterr().out.split())
     entry = GradingReport.read(out).entries[0]
     assert entry.status == "invalid_submission"

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from rexmle_grade.cli import make_app
 from rexmle_grade.errors import UnknownNameError, UserInputError
+from rexmle_grade.text import printable
 
 console = Console()
 agents_app = make_app(help="Agents: the installed agents (built-in, scaffolds and plug-ins).")
@@ -24,6 +25,11 @@ sandbox_app = make_app(help="Sandboxes: run a command in exactly the sandbox a r
 TASK_TYPES = ("segmentation", "instance_segmentation", "detection", "classification", "regression", "enhancement")
 DIMS = ("2d", "3d")
 DEFAULT_RUNS_DIR = Path("runs")
+
+
+def safe(text: object) -> str:
+    """Agent-controlled text for a rich console: control characters escaped, markup escaped."""
+    return escape(printable(text))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -72,15 +78,19 @@ def parse_models(values: list[str]) -> dict[str, str]:
 
 
 def parse_agent_config(values: list[str]) -> dict[str, Any]:
-    """``--agent-config`` as JSON (``'{"num_drafts": 3}'``), a file (``@config.yaml``) or ``key=value``."""
+    """``--agent-config`` as JSON (``'{"num_drafts": 3}'``), a file (``@config.yaml``, or a shipped configuration by
+    name: ``@paper-aide.yaml``) or ``key=value``."""
     import yaml
 
     config: dict[str, Any] = {}
     for value in values:
         if value.startswith("@"):
-            path = Path(value[1:])
-            if not path.is_file():
-                raise UserInputError(f"--agent-config file {path} does not exist")
+            from rexmle_agents.scaffolds.configs import config_file, shipped_configs
+
+            path = config_file(value[1:])
+            if path is None:
+                raise UserInputError(f"--agent-config file {value[1:]} does not exist, and no shipped configuration "
+                                     "has that name", hint="shipped: " + ", ".join(f"@{n}" for n in shipped_configs()))
             loaded = yaml.safe_load(path.read_text())
         elif value.lstrip().startswith("{"):
             try:
@@ -122,7 +132,12 @@ def run_command(
     extend_for_retries: Annotated[bool, typer.Option(help="Add model-API retry waits to the time limit.")] = False,
     gpus_per_run: Annotated[int, typer.Option(min=0, help="GPUs per run (CUDA_VISIBLE_DEVICES).")] = 0,
     cpus: Annotated[int | None, typer.Option(min=1, help="CPU cores per run.")] = None,
-    memory_gb: Annotated[float | None, typer.Option(help="Memory limit per run, GB.")] = None,
+    memory_gb: Annotated[float | None, typer.Option(help="Memory limit per run, GB (default: this machine's memory "
+                                                          "less a reserve, shared by the runs at once).")] = None,
+    max_file_gb: Annotated[float, typer.Option(help="Largest file agent code may write, GB.")] = 64.0,
+    disk_gb: Annotated[float | None, typer.Option(help="Bytes the workspace may hold, GB (default: 100, or half the "
+                                                        "free disk shared by the runs at once if less).")] = None,
+    max_files: Annotated[int, typer.Option(help="Files and folders the workspace may hold.")] = 1_000_000,
     sandbox: Annotated[str, typer.Option(help="auto | bwrap | apptainer | docker | none.")] = "auto",
     allow_unsandboxed: Annotated[bool, typer.Option(help="Needed for --sandbox none.")] = False,
     sandbox_image: Annotated[str | None, typer.Option(help="Image for --sandbox apptainer|docker.")] = None,
@@ -133,27 +148,47 @@ def run_command(
     slurm_timeout_min: Annotated[int | None, typer.Option(help="SLURM job limit (default: run limit + 1h).")] = None,
     wait: Annotated[bool, typer.Option(help="Wait for SLURM jobs and print the report.")] = True,
     out: Annotated[Path | None, typer.Option(help="Group report path (default: runs/<group>/report.json).")] = None,
+    plan: Annotated[str | None, typer.Option(help="Run a plan: a shipped one by name (paper-main, "
+                                                  "ablation-time-budget ...) or a YAML file.")] = None,
+    dry_run: Annotated[bool, typer.Option(help="With --plan: list its runs; check and write nothing.")] = False,
 ) -> None:
     """Run an agent on tasks (sandboxed, budgeted, resumable), grade every run and print the group's report."""
     from rexmle_agents.executors.common import SlurmOptions, run_specs
-    from rexmle_agents.harness.runner import build_spec, read_spec
+    from rexmle_agents.harness.runner import build_spec, read_spec, run_paths
     from rexmle_agents.harness.spec import Limits, Resources, parse_duration
+    from rexmle_agents.results.live import LiveRuns, follow
 
+    run_dirs: dict[str, Path] = {}
     if resume is not None:
         spec = read_spec(resume)
         runs_root = resume.resolve().parent.parent
         specs = [spec]
         group = spec.group
+        run_dirs[spec.run_id] = resume.resolve()  # acts on PATH itself, wherever it lies (a copy, a moved folder)
+        group_dir = resume.resolve().parent
+    elif plan is not None:
+        if agent or tasks or task or model or agent_config:
+            raise UserInputError("--plan defines the runs: drop --agent, --task(s), --model and --agent-config",
+                                 hint="or run without --plan")
+        built = plan_specs(plan, group=None if group == "default" else group, dry_run=dry_run,
+                           allow_unsandboxed=allow_unsandboxed, sandbox_image=sandbox_image)
+        if built is None:
+            return
+        specs, group = built
+        runs_root = runs_dir
+        group_dir = runs_dir / group
     else:
         if agent is None:
             raise UserInputError("which agent? pass --agent NAME", hint="see `rexmle agents list`")
         if not tasks and not task:
             raise UserInputError("which tasks? pass --task T or --tasks T1,T2|all|3d|segmentation")
         task_ids = select_tasks(",".join(x for x in (tasks, task) if x))
-        limits = Limits(time_limit_s=parse_duration(time_limit), exec_timeout_s=parse_duration(exec_timeout),
-                        max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost,
-                        extend_for_model_retries=extend_for_retries)
-        resources = Resources(gpus=gpus_per_run, cpus=cpus, memory_gb=memory_gb)
+        require_prepared(task_ids)
+        limits = checked(Limits, time_limit_s=parse_duration(time_limit), exec_timeout_s=parse_duration(exec_timeout),
+                         max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost,
+                         extend_for_model_retries=extend_for_retries)
+        resources = checked(Resources, gpus=gpus_per_run, cpus=cpus, memory_gb=memory_gb, max_file_gb=max_file_gb,
+                            disk_gb=disk_gb, max_files=max_files)
         models = parse_models(model)
         config = parse_agent_config(agent_config)
         seed_list = [seed] if seed is not None else list(range(seeds))
@@ -162,67 +197,131 @@ def run_command(
                             selection_cases=selection_cases, sandbox_image=sandbox_image)
                  for t in task_ids for s in seed_list]
         runs_root = runs_dir
+        group_dir = runs_dir / group
     if not specs:
         raise UserInputError("the group has zero runs")
     started = time.perf_counter()
-    console.print(f"{len(specs)} run(s) in {escape(str(runs_root / group))} ({executor} executor, "
+    console.print(f"{len(specs)} run(s) in {escape(str(group_dir))} ({executor} executor, "
                   f"{workers} worker(s))")
 
     def progress(outcome: Any) -> None:
         pct = "-" if outcome.grade is None or outcome.grade.percentile is None else f"{outcome.grade.percentile:.1%}"
         colour = "green" if outcome.state == "finished" else "yellow" if outcome.state == "timed_out" else "red"
-        console.print(f"  [{colour}]{outcome.state}[/] {escape(outcome.run_id)}: {escape(outcome.reason)} · "
+        console.print(f"  [{colour}]{outcome.state}[/] {escape(outcome.run_id)}: {safe(outcome.reason)} · "
                       f"{outcome.steps} step(s), {outcome.seconds:.1f} s · percentile {pct}")
 
-    outcomes = run_specs(specs, runs_root, executor=executor, workers=workers, progress=progress,
-                         slurm=SlurmOptions(partition=partition, timeout_min=slurm_timeout_min, wait=wait))
+    folders = {s.run_id: run_dirs.get(s.run_id) or run_paths(s, runs_root).run_dir for s in specs}
+    watch = LiveRuns([(folders[s.run_id], s.limits.time_limit_s, s.limits.max_steps) for s in specs])
+    with follow(console, watch, title=f"{len(specs)} run(s) of group {group}"):
+        outcomes = run_specs(specs, runs_root, executor=executor, workers=workers, progress=progress,
+                             slurm=SlurmOptions(partition=partition, timeout_min=slurm_timeout_min, wait=wait),
+                             run_dirs=run_dirs)
     if not outcomes:
         console.print("jobs submitted; run the same command again later to collect the report")
         return
-    write_group_report(outcomes, out or runs_root / group / "report.json")
+    write_group_report(group_dir, out or group_dir / "report.json")
     console.print(f"{len(outcomes)} run(s) in {time.perf_counter() - started:.1f} s")
 
 
-def write_group_report(outcomes: list[Any], path: Path) -> None:
-    """One grading report for a group of runs (the `rexmle grade` format), printed as a table and written."""
-    from rexmle_grade.report import GradingReport, render_report
+def write_group_report(group_dir: Path, path: Path, *, by: Any = None) -> Any:
+    """The group's report rebuilt from every run folder in ``group_dir`` (not only the runs just made), printed as
+    the paper's table and written as JSON (:class:`rexmle_agents.results.report.GroupReport`)."""
+    from rexmle_agents.results.loader import load_runs
+    from rexmle_agents.results.report import build_group_report, render_terminal
+    from rexmle_agents.results.stats import DEFAULT_BY
 
-    entries = [o.grade for o in outcomes if o.grade is not None]
-    failed = [o for o in outcomes if o.grade is None]
-    report = GradingReport.build(entries)
-    render_report(report, console)
-    render_calibration(sorted({e.task_id for e in entries}), console)
-    console.print(f"report: {escape(str(report.write(path)))}")
-    for outcome in failed:
-        console.print(f"[red]not graded[/] {escape(outcome.run_id)}: {escape(outcome.reason)}")
+    runs = load_runs([group_dir])
+    report = build_group_report(runs, by=by or DEFAULT_BY)
+    render_terminal(report, console)
+    console.print(f"report: {safe(report.write(path))} (rebuild it at any time: rexmle report {safe(group_dir)}; "
+                  f"pages: rexmle view {safe(group_dir)})")
+    for run in runs.runs:
+        if run.grade is None and run.status.state not in ("pending", "running"):
+            console.print(f"[red]not graded[/] {escape(run.run_id)}: {safe(run.status.reason)}")
+    return report
 
 
-def render_calibration(task_ids: list[str], console: Console) -> None:
-    """The expert baselines' calibrated results on the same tasks (the data folder's and the shipped ones), so an
-    agent is seen against the human board and against the baselines."""
+# the rexmle run option that sets each field of Limits and Resources
+OPTION_OF_FIELD = {"time_limit_s": "--time-limit", "exec_timeout_s": "--exec-timeout", "max_steps": "--max-steps",
+                   "max_tokens": "--max-tokens", "max_cost_usd": "--max-cost", "gpus": "--gpus-per-run",
+                   "cpus": "--cpus", "memory_gb": "--memory-gb", "max_file_gb": "--max-file-gb",
+                   "disk_gb": "--disk-gb", "max_files": "--max-files"}
+
+
+def checked(model: Any, **values: Any) -> Any:
+    """``model(**values)``, a value out of range reported as one line naming its command-line option."""
+    from pydantic import ValidationError
+
     try:
-        from rexmle_baselines.calibration import PACKAGE_CALIBRATION_DIR, load_results
-    except ImportError:  # rexmle-baselines is optional for the harness
-        return
-    from rexmle_grade.settings import data_dir
+        return model(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        option = OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+        raise UserInputError(f"{option} {values.get(field)!r}: {error['msg'].lower()}",
+                             hint=f"see `rexmle run --help` for {option}") from None
 
-    rows = []
-    for folder, where in ((data_dir() / "calibration", "measured here"), (PACKAGE_CALIBRATION_DIR, "shipped")):
-        for task_id in task_ids:
-            rows += [(r, where) for r in load_results(folder, task_id)]
-    if not rows:
-        return
-    table = Table(title="expert baselines on these tasks (rexmle baselines calibrate)")
-    for column in ("task", "baseline", "config", "data", "percentile", "seconds"):
-        table.add_column(column, no_wrap=True)
-    for column in ("hardware", "source"):
-        table.add_column(column, overflow="fold")
-    for result, where in rows:
-        pct = "-" if result.percentile is None else f"{result.percentile:.1%}"
-        table.add_row(escape(result.task_id), escape(result.baseline), escape(result.config),
-                      "synthetic" if result.synthetic else "real", pct, f"{result.seconds:.0f}",
-                      escape(result.hardware.get("gpu") or result.hardware.get("cpu", "?")), where)
-    console.print(table)
+
+def require_prepared(task_ids: list[str], data_root: Path | None = None) -> None:
+    """Every task prepared, or one error listing every task that is not, with the commands that prepare them."""
+    from rexmle_tasks.pipeline import prepared_info, task_dirs
+    from rexmle_tasks.registry import get_task
+
+    missing = [t for t in task_ids if prepared_info(task_dirs(get_task(t), data_root)) is None]
+    if missing:
+        commands = " && ".join(f"rexmle prepare {t} --synthetic" for t in missing[:4])
+        more = f" (and {len(missing) - 4} more)" if len(missing) > 4 else ""
+        raise UserInputError(
+            f"{len(missing)} of {len(task_ids)} task(s) are not prepared: {', '.join(missing)}",
+            hint=f"{commands}{more} (synthetic data, offline), or `rexmle prepare all --synthetic`; leave out "
+                 "--synthetic for the real data")
+
+
+def plan_specs(reference: str, *, group: str | None, dry_run: bool, allow_unsandboxed: bool,
+               sandbox_image: str | None) -> tuple[list[Any], str] | None:
+    """The checked specs of a plan and its group (None after a dry run, which lists the runs and checks nothing)."""
+    from rexmle_agents.harness.runner import build_spec
+    from rexmle_agents.harness.spec import Limits, Resources, parse_duration
+    from rexmle_agents.models.registry import missing_credentials
+    from rexmle_agents.plans import expand, load_plan
+
+    loaded = load_plan(reference)
+    requests = expand(loaded, select_tasks=select_tasks, read_config=lambda ref: parse_agent_config([ref]))
+    group = group or loaded.group
+    if dry_run:
+        table = Table(title=f"plan {loaded.name}: {len(requests)} run(s) in group {group}")
+        for column in ("agent", "models", "config", "time limit", "tasks", "seeds", "runs"):
+            table.add_column(column, overflow="fold")
+        cells: dict[tuple[str, str, str, str], list[tuple[str, int]]] = {}
+        for r in requests:
+            key = (r.agent, ",".join(f"{k}={v}" for k, v in sorted(r.models.items())) or "-",
+                   json.dumps(r.agent_config, sort_keys=True), r.options.time_limit)
+            cells.setdefault(key, []).append((r.task_id, r.seed))
+        for (agent, models, config, limit), runs in cells.items():
+            table.add_row(safe(agent), safe(models), safe(config), safe(limit), str(len({t for t, _ in runs})),
+                          str(len({s for _, s in runs})), str(len(runs)))
+        console.print(table)
+        console.print(f"report it with: rexmle report --plan {safe(reference)} (rows by "
+                      f"{','.join(loaded.report.by)})")
+        return None
+    require_prepared(sorted({r.task_id for r in requests}))
+    missing = sorted({v for r in requests for m in r.models.values() for v in missing_credentials(m)})
+    if missing:
+        raise UserInputError(f"plan {loaded.name!r} needs {', '.join(missing)}, not set in the environment",
+                             hint="export " + " ".join(f"{v}=..." for v in missing) + " before running it")
+    specs = []
+    for r in requests:
+        o = r.options
+        limits = checked(Limits, time_limit_s=parse_duration(o.time_limit),
+                         exec_timeout_s=parse_duration(o.exec_timeout), max_steps=o.max_steps,
+                         max_tokens=o.max_tokens, max_cost_usd=o.max_cost,
+                         extend_for_model_retries=o.extend_for_retries)
+        resources = checked(Resources, gpus=o.gpus_per_run, cpus=o.cpus, memory_gb=o.memory_gb)
+        specs.append(build_spec(r.task_id, agent=r.agent, agent_config=r.agent_config, models=r.models, seed=r.seed,
+                                limits=limits, resources=resources, sandbox=o.sandbox,
+                                allow_unsandboxed=allow_unsandboxed, group=group, selection_cases=o.selection_cases,
+                                sandbox_image=sandbox_image))
+    return specs, group
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -248,29 +347,31 @@ def runs_status_command(
     runs_dir: Annotated[Path, typer.Option(help="Where run folders are.")] = DEFAULT_RUNS_DIR,
     group: Annotated[str | None, typer.Option(help="Only this group.")] = None,
 ) -> None:
-    """Show every run folder's state, steps, time and grade."""
-    from rexmle_agents.harness.paths import RunPaths
-    from rexmle_agents.harness.runner import read_status
+    """Show every run folder's state, model, steps, time, tokens, cost and grade, with a total per group."""
+    from rexmle_agents.results.cli import status_tables
 
-    table = Table(title=f"runs in {escape(str(runs_dir))}")
-    for column in ("group", "run", "state", "reason", "steps", "time", "percentile"):
-        table.add_column(column, overflow="fold")
-    found = 0
-    for spec_path in sorted(runs_dir.glob(f"{group or '*'}/*/spec.json")):
-        paths = RunPaths(spec_path.parent)
-        status = read_status(paths)
-        pct = "-"
-        if paths.grade.is_file():
-            value = json.loads(paths.grade.read_text()).get("percentile")
-            pct = "-" if value is None else f"{value:.1%}"
-        table.add_row(escape(spec_path.parent.parent.name), escape(spec_path.parent.name), status.get("state", "?"),
-                      escape(str(status.get("reason") or "")), str(status.get("steps", 0)),
-                      f"{float(status.get('elapsed_s', 0)):.0f} s", pct)
-        found += 1
+    tables, found = status_tables(runs_dir, group)
     if not found:
+        from rexmle_grade.settings import data_dir
+
+        demo = data_dir() / "demo-runs"
+        where = f"; `rexmle demo` keeps its runs in {demo}: rexmle runs status --runs-dir {demo}" if \
+            demo.is_dir() else ""
         raise UserInputError(f"no run folders under {runs_dir}" + (f" in group {group!r}" if group else ""),
-                             hint="start runs with `rexmle run`, or pass --runs-dir")
-    console.print(table)
+                             hint=f"start runs with `rexmle run`, or pass --runs-dir{where}")
+    for table in tables:
+        console.print(table)
+
+
+@runs_app.command("show")
+def runs_show_command(
+    run: Annotated[Path, typer.Argument(help="A run folder, or a run id (or its start) under --runs-dir.")],
+    runs_dir: Annotated[Path, typer.Option(help="Where run folders are (to find a run id).")] = DEFAULT_RUNS_DIR,
+) -> None:
+    """One run's trajectory in the terminal: budgets used, why it ended, every node or step, the final grade."""
+    from rexmle_agents.results.cli import find_run, show_run
+
+    show_run(find_run(run, runs_dir), console)
 
 
 @sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -298,9 +399,11 @@ def sandbox_exec_command(
     result = sandbox.run(argv, timeout_s=parse_duration(timeout), log_dir=paths.logs / "sandbox-exec",
                          log_name=f"exec-{os.getpid()}")
     for stream, path in (("stdout", result.stdout_path), ("stderr", result.stderr_path)):
+        # the log files are bounded (the sandbox keeps a head and a tail); what the code printed is data, shown
+        # with control characters escaped
         text = path.read_text(errors="replace") if path is not None and path.is_file() else ""
         if text:
-            typer.echo(text, nl=not text.endswith("\n"), err=stream == "stderr")
+            typer.echo(printable(text), nl=not text.endswith("\n"), err=stream == "stderr")
     if result.stopped_by:
         console.print(f"[red]stopped by the sandbox: {escape(result.stopped_by)}[/]")
     raise typer.Exit(result.exit_code if result.exit_code is not None else 1)

@@ -10,16 +10,23 @@ submissions graded and ranked, without agents.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rexmle_agents.harness.runner import RunOutcome
 from rexmle_grade.errors import RexmleError
+from rexmle_grade.text import printable
+
+if TYPE_CHECKING:  # imported when a demo runs, not when any `rexmle` command starts
+    from rexmle_agents.harness.runner import RunOutcome
+    from rexmle_agents.results.live import LiveRuns
 
 console = Console()
 DEFAULT_TASKS = "isles22,ldct-iqa"  # a 3-D segmentation task and a 2-D regression task
@@ -65,8 +72,11 @@ def demo_command(
                             time_limit=time_limit, force=force)
     from rexmle_agents.cli import write_group_report
 
-    write_group_report(outcomes, out or (runs_dir or root / "demo-runs") / "demo" / "report.json")
+    group_dir = (runs_dir or root / "demo-runs") / "demo"
+    write_group_report(group_dir, out or group_dir / "report.json")
     console.print(f"main job: {len(outcomes)} run(s) on {len(ids)} task(s) in {time.perf_counter() - started:.0f} s")
+    console.print(f"the runs: rexmle runs status --runs-dir {escape(str(group_dir.parent))} · one run: rexmle runs "
+                  f"show RUN_DIR · pages: rexmle view {escape(str(group_dir))}")
     bad = [o for o in outcomes if o.state != "finished" or o.grade is None or o.grade.status != "valid"]
     if bad:
         raise RexmleError(f"{len(bad)} run(s) did not end with a valid graded submission: "
@@ -82,6 +92,7 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
     from rexmle_agents.executors import run_specs
     from rexmle_agents.harness.runner import build_spec
     from rexmle_agents.harness.spec import Limits, parse_duration
+    from rexmle_agents.results.live import LiveRuns
     from rexmle_tasks.check import check_task
     from rexmle_tasks.pipeline import prepare_task, prepared_info, task_dirs
     from rexmle_tasks.registry import get_task
@@ -111,6 +122,10 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
                                     group="demo"))
     console.print(f"running {len(specs)} run(s) through the harness ({escape(specs[0].sandbox)} sandbox) in "
                   f"{escape(str(runs_dir / 'demo'))}")
+    for spec in specs:
+        if spec.agent == "baseline":
+            console.print(f"    baseline agent on {escape(spec.task_id)}: {escape(baseline_name(spec.task_id))} "
+                          f"({escape(config)} configuration)")
 
     def progress(outcome: RunOutcome) -> None:
         grade = outcome.grade
@@ -118,4 +133,59 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
         console.print(f"    {escape(outcome.state)} {escape(outcome.run_id)} · {outcome.seconds:.0f} s · "
                       f"percentile {pct}")
 
-    return run_specs(specs, runs_dir, executor="local", workers=workers, progress=progress)
+    watch = LiveRuns([(runs_dir / spec.group / spec.run_id, spec.limits.time_limit_s, spec.limits.max_steps)
+                      for spec in specs])
+    with follow_epochs(watch):
+        return run_specs(specs, runs_dir, executor="local", workers=workers, progress=progress)
+
+
+def baseline_name(task_id: str) -> str:
+    """The baseline the ``baseline`` agent runs on a task by default (the first that covers it)."""
+    try:
+        from rexmle_baselines.base import baselines_for
+    except ImportError:
+        return "none: rexmle-baselines is not installed"
+    names = baselines_for(task_id)
+    return names[0] if names else "none covers this task"
+
+
+@contextlib.contextmanager
+def follow_epochs(watch: LiveRuns, interval_s: float = 1.0) -> Iterator[None]:
+    """A bar per run while the runs go on: epochs of a training baseline (from its ``epoch N/M`` lines), else
+    steps. On a terminal the bars move; in a log, a line is printed whenever a run reaches a new epoch or state."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
+                    TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal)
+    ids: dict[str, Any] = {}
+    said: dict[str, tuple[Any, ...]] = {}
+    stop = threading.Event()
+
+    def update() -> None:
+        for run in watch.poll():
+            if run.state == "pending" and run.attempt_started is None:
+                continue
+            what = printable(f"{run.run_id.split('.')[0]} {run.run_id.split('.')[1]}"
+                             + (f" ({run.baseline})" if run.baseline else ""), one_line=True)
+            done, total = run.epoch if run.epoch else (run.steps, run.max_steps or max(run.steps, 1))
+            detail = (f"epoch {done}/{total}" if run.epoch else f"{run.steps} step(s)") + f" · {run.state}"
+            if run.run_id not in ids:
+                ids[run.run_id] = bars.add_task(escape(what), total=total, detail=detail)
+            bars.update(ids[run.run_id], completed=done, total=total, detail=detail, description=escape(what))
+            if not console.is_terminal and said.get(run.run_id) != (run.epoch, run.state, run.baseline):
+                said[run.run_id] = (run.epoch, run.state, run.baseline)
+                console.print(f"    {escape(what)}: {escape(detail)}", highlight=False)
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            update()
+
+    thread = threading.Thread(target=loop, name="demo-progress", daemon=True)
+    with bars:
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            update()

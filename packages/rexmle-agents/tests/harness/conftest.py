@@ -3,6 +3,9 @@ test agents that exercise the harness with real sandboxed processes."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -10,6 +13,7 @@ import pytest
 
 from rexmle_agents.harness.agent import BaseAgent, register_agent
 from rexmle_agents.harness.context import RunContext
+from rexmle_grade.errors import RexmleError
 
 TASK = "ldct-iqa"
 
@@ -83,12 +87,53 @@ class CommandsAgent(BaseAgent):
                 ctx.save_state(state)
 
 
+@register_agent
+class AttackAgent(BaseAgent):
+    """Runs ``script`` in the sandbox (an attack planted from inside), optionally a ``run_python`` script under a
+    planted name, then submits what the workspace holds (or fails, quoting what the script printed)."""
+
+    name: ClassVar[str] = "test-attack"
+    description: ClassVar[str] = "test agent: plants an attack from inside the sandbox, then submits"
+    defaults: ClassVar[dict[str, Any]] = {"script": "true", "python_as": None, "submit": True,
+                                          "fail_with_output": False}
+
+    def run(self, ctx: RunContext) -> None:
+        with ctx.step("attack") as step:
+            result = ctx.execute(["/bin/sh", "-c", self.config["script"]])
+            step.result.update(exit_code=result.exit_code, stdout=result.stdout_tail[-2000:],
+                               stderr=result.stderr_tail[-2000:])
+            if self.config["fail_with_output"] and not result.ok:
+                raise RexmleError(f"the script failed: {result.stderr_tail[-500:]}")
+            if self.config["python_as"]:
+                ran = ctx.run_python("print('the harness wrote me')", filename=self.config["python_as"])
+                step.result["python"] = ran.stdout_tail
+            if self.config["submit"]:
+                snapshot = ctx.snapshot_submission("attack")
+                ctx.select_final(snapshot, reason="the attack's submission")
+
+
+def open_folder(prefix: str) -> Path:
+    """A folder every user may traverse (pytest's own are 0700): unsandboxed code run as the unprivileged sandbox
+    user (the harness as root) reaches its workspace and the data by their host paths."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o755)
+    return folder
+
+
 @pytest.fixture(scope="session")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def data_root() -> Iterator[Path]:
     from rexmle_tasks.pipeline import prepare_task, task_dirs
     from rexmle_tasks.registry import get_task
 
-    root = tmp_path_factory.mktemp("harness-data")
+    root = open_folder("rexmle-harness-data-")
     task = get_task(TASK)
     prepare_task(task, task_dirs(task, root), synthetic=True, cases=10, seed=0, force=False)
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def open_runs_dir() -> Iterator[Path]:
+    root = open_folder("rexmle-runs-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

@@ -207,9 +207,9 @@ def test_bad_input_is_one_clear_error(data_root: Path, tmp_path: Path) -> None:
         build_spec(TASK, agent="sample", data_root=data_root, models={"code": "opnai/gpt-5"})
 
 
-def test_unsandboxed_runs_need_the_flag_and_are_marked(data_root: Path, tmp_path: Path) -> None:
+def test_unsandboxed_runs_need_the_flag_and_are_marked(data_root: Path, open_runs_dir: Path) -> None:
     spec = build_spec(TASK, agent="sample", data_root=data_root, sandbox="none", allow_unsandboxed=True)
-    outcome = execute_run(spec, tmp_path)
+    outcome = execute_run(spec, open_runs_dir)
     assert outcome.state == "finished", outcome.reason
     assert outcome.grade is not None and outcome.grade.labels["sandbox"].startswith("NONE")
     assert any(e["kind"] == "warning" and "without a sandbox" in e["message"]

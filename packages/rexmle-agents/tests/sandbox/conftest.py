@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,22 @@ class World:
 @pytest.fixture
 def world(tmp_path: Path) -> World:
     """A fake data root (one task with public/ and private/) and a run workspace beside it."""
+    return make_world(tmp_path)
+
+
+@pytest.fixture
+def open_world() -> Iterator[World]:
+    """The same in a folder every user may traverse: unsandboxed code run as the unprivileged sandbox user (the
+    harness as root) must reach its workspace and data by their host paths, and pytest's own folders are 0700."""
+    root = Path(tempfile.mkdtemp(prefix="rexmle-open-world-"))
+    root.chmod(0o755)
+    try:
+        yield make_world(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def make_world(tmp_path: Path) -> World:
     data_root = tmp_path / "data"
     public = data_root / "task" / "public"
     private = data_root / "task" / "private"

@@ -55,7 +55,8 @@ def test_unavailable_runtime_names_its_reason(world, monkeypatch) -> None:
         get_sandbox("docker", SandboxSpec(workspace=world.workspace, data=world.public, image="img"))
 
 
-def test_none_needs_explicit_permission_and_warns(world, monkeypatch, caplog) -> None:
+def test_none_needs_explicit_permission_and_warns(open_world, monkeypatch, caplog) -> None:
+    world = open_world
     with pytest.raises(SandboxError, match="without isolation"):
         get_sandbox("none", world.spec())
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-do-not-leak")

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from rexmle_grade.errors import RexmleError
 from rexmle_grade.settings import DATA_DIR_ENV, rexmle_versions
+from rexmle_grade.text import printable
 
 ENTRY_POINT_GROUP = "rexmle.commands"
 _STATE: dict[str, Any] = {"verbose": False}
@@ -50,12 +51,17 @@ def _root(
         os.environ[DATA_DIR_ENV] = str(data_dir.expanduser().resolve())
     from rich.logging import RichHandler
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=err_console, show_path=verbose, rich_tracebacks=verbose)],
-        force=True,
-    )
+    handler = RichHandler(console=err_console, show_path=verbose, rich_tracebacks=verbose, markup=False)
+    handler.addFilter(_printable_record)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler],
+                        force=True)
+
+
+def _printable_record(record: logging.LogRecord) -> bool:
+    """Log messages may quote agent output: printed with control characters escaped."""
+    record.msg = printable(record.getMessage())
+    record.args = ()
+    return True
 
 
 @app.command("version")
@@ -122,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         if _STATE["verbose"]:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         # messages quote user and submission text (ids, paths), which must print as written, never as markup
-        err_console.print(Text.assemble(("error:", "bold red"), " ", exc.message), highlight=False)
+        err_console.print(Text.assemble(("error:", "bold red"), " ", printable(exc.message)), highlight=False)
         if exc.hint:
-            err_console.print(Text.assemble("  ", ("hint:", "cyan"), " ", exc.hint), highlight=False)
+            err_console.print(Text.assemble("  ", ("hint:", "cyan"), " ", printable(exc.hint)), highlight=False)
         return exc.exit_code
     return 0
 

@@ -1,4 +1,15 @@
-"""``rexmle grade``: validate, grade and rank submissions; batch grading to a versioned JSON report."""
+"""``rexmle grade``: validate, grade and rank submissions; batch grading to a versioned JSON report.
+
+Exit codes, the same for ``validate``, ``run`` and ``files``:
+
+* 0: the submission is valid (and was graded);
+* 1: the submission is invalid or missing (every problem is printed; ``run`` still writes its report);
+* 2: the command could not run: a bad argument, an unknown or unprepared task, a run folder given for a submission;
+* 3: a grader error: rexmle could not grade a valid-looking submission, because of a bug in rexmle or because the
+  task's private answers are unreadable (the message names the file; re-prepare the task).
+
+``batch`` exits 0 once its report is written, whatever the entries say (each entry has its status).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +23,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from rexmle_grade.cli import make_app
 from rexmle_grade.errors import InvalidSubmissionError, UserInputError
 from rexmle_grade.grader import get_grader, grader_ids
+from rexmle_grade.text import printable
 
-app = make_app(help="Validate, grade and rank submissions against the human leaderboards.")
+app = make_app(help="Validate, grade and rank submissions against the human leaderboards. Exit codes: 0 valid, "
+                    "1 invalid or missing submission, 2 the command could not run, 3 grader error.")
 console = Console()
+err_console = Console(stderr=True)
+EXIT_VALID, EXIT_INVALID, EXIT_GRADER_ERROR = 0, 1, 3
 
 Workers = Annotated[int, typer.Option("--workers", "-j", min=1, help="Processes used across cases.")]
 
@@ -50,6 +66,7 @@ def validate_command(
     """Check a submission's format using public information only (never reads private labels)."""
     from rexmle_grade.validation import validate_submission
 
+    _refuse_run_folder(submission_dir)
     grader_id, public_dir = _validation_target(task)
     grader = get_grader(grader_id)
     with _progress() as bar:
@@ -57,8 +74,11 @@ def validate_command(
         report = validate_submission(grader, submission_dir, public_dir, deep=not shallow, workers=workers,
                                      progress=lambda n, total: bar.update(job, completed=n, total=total))
     if not report.ok:
-        raise InvalidSubmissionError(report.problems, hint=f"see the submission format in "
-                                                          f"{public_dir / 'description.md'}")
+        message = InvalidSubmissionError(report.problems).message
+        err_console.print(Text.assemble(("invalid:", "bold red"), " ", message), highlight=False)
+        err_console.print(Text.assemble("  ", ("hint:", "cyan"), f" see the submission format in "
+                                                                f"{public_dir / 'description.md'}"), highlight=False)
+        raise typer.Exit(EXIT_INVALID)
     console.print(f"[green]valid[/]: {report.n_rows} rows, every test case present, every file readable")
     _print_warnings(report.warnings)
 
@@ -92,6 +112,7 @@ def run_command(
     from rexmle_grade.report import GradingReport, render_report
     from rexmle_grade.targets import resolve_target
 
+    _refuse_run_folder(submission_dir)
     target = resolve_target(task)
     with _progress() as bar:
         job = bar.add_task(f"grading {escape(task)}", total=None)
@@ -102,8 +123,41 @@ def run_command(
     path = report.write(out or submission_dir.parent / f"{submission_dir.name}.grading_report.json")
     console.print(f"report: {path}", markup=False, highlight=False)
     if entry.status == "grader_error":
-        console.print(f"[red]grader error (a bug in rexmle, not in the submission):[/]\n{entry.error}", markup=False)
-        raise typer.Exit(1)
+        print_grader_error(entry.error or "; ".join(entry.problems), task=task)
+        raise typer.Exit(EXIT_GRADER_ERROR)
+    if not entry.valid_submission:
+        raise typer.Exit(EXIT_INVALID)
+
+
+def _refuse_run_folder(path: Path) -> None:
+    """A run folder of ``rexmle run`` given where its submission belongs: name the submission's folder."""
+    if (path / "spec.json").is_file() and (path / "journal.jsonl").is_file():
+        submission = path / "final" / "submission"
+        raise UserInputError(f"{path} is a run folder: the submission is {submission}",
+                             hint=f"pass {submission}")
+
+
+# what the grader's message starts with when the task's private answers (not rexmle, not the submission) are at fault
+_TASK_DATA = "TaskDataMissingError: "
+
+
+def print_grader_error(error: str, *, task: str | None = None) -> None:
+    """A grader error, blaming what is at fault: the task's private data when a file of it is unreadable (each
+    named), else rexmle (with the traceback)."""
+    data_problems = [line.split(_TASK_DATA, 1)[1].replace("invalid submission: ", "")  # the reader's own words
+                     for line in error.splitlines() if _TASK_DATA in line]
+    if data_problems:
+        err_console.print(Text("grader error: the task's private answers are unreadable (the submission is not at "
+                               "fault):", style="bold red"), highlight=False)
+        for problem in data_problems[:10]:
+            err_console.print(Text(f"  - {printable(problem, one_line=True)}"), highlight=False)
+        err_console.print(Text.assemble("  ", ("hint:", "cyan"), f" re-prepare the task: rexmle prepare "
+                                                                f"{task or 'TASK'} --force (with --synthetic for "
+                                                                "synthetic data)"), highlight=False)
+        return
+    err_console.print(Text("grader error (a bug in rexmle, not in the submission):", style="bold red"),
+                      highlight=False)
+    err_console.print(Text(printable(error)), highlight=False)
 
 
 @app.command("batch")
@@ -175,9 +229,12 @@ def files_command(
     if out is not None:
         console.print(f"report: {report.write(out)}", markup=False, highlight=False)
     if result.status == "grader_error":
-        console.print(f"grader error (a bug in rexmle or unreadable ground truth):\n{result.error}", markup=False)
+        err_console.print(Text("grader error (a bug in rexmle, or ground truth it cannot read):", style="bold red"),
+                          highlight=False)
+        err_console.print(Text(printable(result.error or "; ".join(result.problems))), highlight=False)
+        raise typer.Exit(EXIT_GRADER_ERROR)
     if not result.valid:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_INVALID)
 
 
 def _read_runs(path: Path) -> list[dict]:

@@ -25,7 +25,7 @@ def evaluate_submission(target: GradingTarget, submission_dir: str | Path, *, wo
     # leaderboard facts are set whatever the outcome, so that totals count a missing/invalid submission as 0
     common = dict(task_id=target.task_id, task_version=target.task_version, grader_id=grader.grader_id,
                   task_type=target.task_type, dim=target.dim, submission_path=str(submission_dir),
-                  conventions=list(grader.conventions), labels=dict(labels or {}),
+                  conventions=list(grader.conventions), labels=dict(labels or {}), synthetic=target.synthetic,
                   leaderboard_version=None if board is None else (board.version or target.task_version),
                   leaderboard_rows=None if board is None else board.n_rows)
     if not submission_dir.is_dir():

@@ -66,6 +66,9 @@ class ReportEntry(BaseModel):
     nan_metrics: list[str] = Field(default_factory=list)
     seconds: float = 0.0
     labels: dict[str, str] = Field(default_factory=dict)  # agent, model, seed, run id... from batch inputs
+    #: graded on rexmle's synthetic mirror of the data (None: not recorded, as in reports written before this field):
+    #: its percentile and medals are computed against the human board but are not comparable with it
+    synthetic: bool | None = None
     created_at: str = Field(default_factory=lambda: _now())
 
 

@@ -5,7 +5,7 @@ LocalExecutor (how this path is tested without a cluster)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,13 @@ except ImportError:  # pragma: no cover - submitit is a dependency; guard for tr
 class RunJob(Checkpointable):  # type: ignore[misc,valid-type]
     """A run as a submitit job; on preemption or time-out submitit requeues it and the run resumes."""
 
-    def __call__(self, spec_json: str, runs_dir: str) -> RunOutcome:
+    def __call__(self, spec_json: str, runs_dir: str, run_dir: str = "") -> RunOutcome:
         spec = RunSpec.model_validate_json(spec_json)
-        return run_one_job(spec_json, runs_dir, gpu_ids()[: spec.resources.gpus])
+        return run_one_job(spec_json, runs_dir, gpu_ids()[: spec.resources.gpus], run_dir or None)
 
 
 def run_submitit(specs: Sequence[RunSpec], runs_dir: Path, *, options: SlurmOptions, local: bool,
-                 progress: Progress | None = None) -> list[RunOutcome]:
+                 progress: Progress | None = None, run_dirs: Mapping[str, Path] | None = None) -> list[RunOutcome]:
     if submitit is None:
         raise ConfigurationError("the slurm executor needs submitit", hint="pip install submitit")
     folder = Path(runs_dir) / specs[0].group / ".submitit"
@@ -43,7 +43,8 @@ def run_submitit(specs: Sequence[RunSpec], runs_dir: Path, *, options: SlurmOpti
     else:
         executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
         executor.update_parameters(**slurm_parameters(specs, options))
-    jobs = executor.map_array(RunJob(), [s.model_dump_json() for s in specs], [str(runs_dir)] * len(specs))
+    folders = [str((run_dirs or {}).get(s.run_id, "")) for s in specs]
+    jobs = executor.map_array(RunJob(), [s.model_dump_json() for s in specs], [str(runs_dir)] * len(specs), folders)
     if not options.wait:
         return []
     outcomes = []

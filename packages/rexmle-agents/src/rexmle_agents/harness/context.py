@@ -13,6 +13,7 @@ import logging
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,8 @@ from rexmle_agents.harness.spec import RunSpec
 from rexmle_agents.models.accounting import UsageLedger
 from rexmle_agents.models.base import Model
 from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, ToolSpec
-from rexmle_agents.sandbox.base import ExecResult, Sandbox
+from rexmle_agents.safe_workspace import Collected, CopyLimits, Workspace
+from rexmle_agents.sandbox.base import SUBMISSION_DIRNAME, WORKING_DIRNAME, ExecResult, Sandbox
 from rexmle_grade.errors import BudgetExceededError, UserInputError
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,20 @@ class Validation:
     n_rows: int
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A submission collected out of the workspace into a harness folder (see :meth:`RunContext.collect_submission`),
+    validated there: what a snapshot adopts, or what is discarded."""
+
+    folder: Path  # harness-owned: run_dir/candidates/<id>/submission
+    validation: Validation
+    collected: Collected
+    source: str  # the workspace folder it came from, relative to the workspace
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder.parent, ignore_errors=True)
+
+
 class RunCancelled(BudgetExceededError):
     """The run was stopped from outside (watchdog deadline, SIGTERM, executor cancellation)."""
 
@@ -112,6 +128,9 @@ class RunContext:
         self._step: Step | None = None
         self._exec_counter = 0
         self._lock = threading.Lock()
+        # the only way the harness touches the workspace: never through a path the agent's code controls
+        self.fs = Workspace(paths.workspace, owner=sandbox.owner)
+        self.copy_limits = CopyLimits()
 
     # ---- paths as the sandboxed code sees them ------------------------------------------------------------
     @property
@@ -119,9 +138,16 @@ class RunContext:
         return self.sandbox.workspace_path
 
     def inside(self, host_path: Path) -> str:
-        """The path of a file under the workspace as sandboxed code sees it."""
-        relative = host_path.resolve().relative_to(self.paths.workspace.resolve())
-        return f"{self.workspace}/{relative.as_posix()}" if str(relative) != "." else self.workspace
+        """The path of a file under the workspace as sandboxed code sees it (lexically: links are not followed)."""
+        relative = self.relative(host_path)
+        return f"{self.workspace}/{relative}" if relative != "." else self.workspace
+
+    def relative(self, host_path: Path) -> str:
+        """``host_path`` relative to the workspace, refused when it is not below it."""
+        try:
+            return Path(host_path).relative_to(self.paths.workspace).as_posix()
+        except ValueError:
+            raise UserInputError(f"{host_path} is not inside the run's workspace {self.paths.workspace}") from None
 
     # ---- models -----------------------------------------------------------------------------------------
     @property
@@ -247,30 +273,56 @@ class RunContext:
         filename = filename or f"step_{step:04d}.py"
         if "/" in filename or filename.startswith("."):
             raise UserInputError(f"script name {filename!r} must be a plain file name inside working/")
-        path = self.paths.working / filename
-        path.write_text(code, encoding="utf-8")
+        self.fs.write_text(f"{WORKING_DIRNAME}/{filename}", code)  # a fresh file: never through a planted link
         self.journal.append("code_written", step=self._step.number if self._step else None, file=filename,
                             code=code)
         return self.execute(["python", filename], timeout_s=timeout_s, label=label)
 
     # ---- submissions --------------------------------------------------------------------------------------
+    def collect_submission(self, source: Path | None = None) -> Candidate:
+        """Copy a submission folder of the workspace (default: ``submission/``) into a harness folder, safely
+        (:meth:`Workspace.collect_submission`: only ``submission.csv`` and the regular files it names, links and
+        special files refused, sizes bounded), and validate the copy with public information only. What was
+        refused is journaled with its reasons and listed among the validation's problems."""
+        from rexmle_grade.grader import get_grader
+
+        rel = self.relative(source) if source is not None else SUBMISSION_DIRNAME
+        grader = get_grader(self.task.grader_id)
+        dest = self.paths.run_dir / "candidates" / uuid.uuid4().hex[:12] / SUBMISSION_DIRNAME
+        collected = self.fs.collect_submission(rel, dest, file_columns=[c.name for c in grader.schema.file_columns],
+                                               limits=self.copy_limits)
+        if collected.folder is None:
+            dest.mkdir(parents=True, exist_ok=True)
+        if collected.n_refused:
+            self.journal.append("collect_refused", step=self._step.number if self._step else None, source=rel,
+                                reasons=list(collected.refused), n_refused=collected.n_refused)
+        validation = self._validate_folder(dest, refused=collected.refused, source=rel)
+        return Candidate(folder=dest, validation=validation, collected=collected, source=rel)
+
     def validate(self, submission_dir: Path | None = None) -> Validation:
-        """Check a submission (default: the workspace's) with public information only, as graders would."""
+        """Check a submission of the workspace (default: ``submission/``) as graders would, on a safe copy."""
+        candidate = self.collect_submission(submission_dir)
+        candidate.discard()
+        return candidate.validation
+
+    def _validate_folder(self, folder: Path, *, refused: tuple[str, ...] = (), source: str) -> Validation:
         from rexmle_grade.grader import get_grader
         from rexmle_grade.validation import validate_submission
 
-        folder = submission_dir or self.paths.submission
         report = validate_submission(get_grader(self.task.grader_id), folder, self.task.public_dir, deep=True)
-        outcome = Validation(ok=report.ok, problems=tuple(report.problems), n_rows=report.n_rows)
-        self.journal.append("validation", step=self._step.number if self._step else None, folder=str(folder),
+        problems = (*(f"refused by the harness: {r}" for r in refused), *report.problems)
+        outcome = Validation(ok=report.ok and not refused, problems=problems, n_rows=report.n_rows)
+        self.journal.append("validation", step=self._step.number if self._step else None, folder=source,
                             ok=outcome.ok, problems=list(outcome.problems[:20]), n_problems=len(outcome.problems))
         return outcome
 
-    def snapshot_submission(self, label: str, *, source: Path | None = None, code: str | None = None,
-                            score: float | None = None, metadata: Mapping[str, Any] | None = None) -> str:
-        """Copy a submission (default: the workspace's) aside as a candidate for the final one, with the code
-        that made it; validates it and journals it. Returns the snapshot id."""
-        source = source or self.paths.submission
+    def snapshot_submission(self, label: str, *, source: Path | None = None, candidate: Candidate | None = None,
+                            code: str | None = None, score: float | None = None,
+                            metadata: Mapping[str, Any] | None = None) -> str:
+        """Keep a submission as a candidate for the final one, with the code that made it: ``candidate`` (already
+        collected), else the workspace folder ``source`` (default ``submission/``), collected now. Journals it with
+        its validation; returns the snapshot id."""
+        candidate = candidate or self.collect_submission(source)
         with self._lock:
             self.paths.snapshots.mkdir(parents=True, exist_ok=True)
             number = sum(1 for _ in self.paths.snapshots.iterdir()) + 1
@@ -280,17 +332,20 @@ class RunContext:
         partial = dest.with_name(dest.name + ".partial")
         if partial.exists():
             shutil.rmtree(partial)
-        shutil.copytree(source, partial / "submission", symlinks=True)
+        partial.mkdir()
+        candidate.folder.rename(partial / SUBMISSION_DIRNAME)
+        candidate.discard()
         if code is not None:
             (partial / "solution.py").write_text(code, encoding="utf-8")
         partial.rename(dest)
-        validation = self.validate(dest / "submission")
+        validation = candidate.validation
         selection = None
         if self._selection_scorer is not None and validation.ok:
-            selection = dict(self._selection_scorer(dest / "submission"))
+            selection = dict(self._selection_scorer(dest / SUBMISSION_DIRNAME))
         self.journal.append("snapshot", step=step or None, snapshot=snapshot_id, label=label, score=score,
                             valid=validation.ok, has_code=code is not None, metadata=dict(metadata or {}),
-                            selection=selection)
+                            selection=selection, files=candidate.collected.files, bytes=candidate.collected.bytes,
+                            refused=list(candidate.collected.refused))
         return snapshot_id
 
     def select_final(self, snapshot_id: str, *, reason: str = "") -> None:

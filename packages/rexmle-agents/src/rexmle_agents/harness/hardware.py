@@ -38,3 +38,35 @@ def describe(gpus: tuple[str, ...], cpus: int | None, memory_limit_gb: float | N
         "gpus": len(gpus),
         "gpu_ids": list(gpus),
     }
+
+
+@functools.cache
+def gpu_names(ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The model names of the GPUs with these indices (nvidia-smi), () when unknown."""
+    if not ids or shutil.which("nvidia-smi") is None:
+        return ()
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={','.join(ids)}", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(line.strip() for line in out.splitlines() if line.strip())
+
+
+@functools.cache
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def measured(gpus: tuple[str, ...], cpus: int | None, memory_limit_gb: float | None) -> dict[str, object]:
+    """What a run has, as recorded in its ``status.json`` (results compare runs on this, never on what a user says)."""
+    return {**describe(gpus, cpus, memory_limit_gb), "cpu_model": cpu_model(), "gpu_names": list(gpu_names(gpus))}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import json
 import logging
@@ -32,12 +33,16 @@ from rexmle_agents.harness.context import RunContext, TaskInfo
 from rexmle_agents.harness.hardware import describe, gpu_ids
 from rexmle_agents.harness.instructions import render_instructions
 from rexmle_agents.harness.journal import Journal
-from rexmle_agents.harness.paths import RunPaths
+from rexmle_agents.harness.limits import GIB, EffectiveLimits, recorded_limits, resolve_limits
+from rexmle_agents.harness.paths import INSTRUCTIONS_FILENAME, RunPaths
 from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, Limits, Resources, RunSpec
 from rexmle_agents.models.accounting import Budget, UsageLedger, UsageTotals
 from rexmle_agents.models.base import Model
+from rexmle_agents.safe_workspace import MAX_DEPTH, Workspace
+from rexmle_agents.sandbox.base import DATA_DIRNAME, SUBMISSION_DIRNAME
 from rexmle_grade.errors import BudgetExceededError, RexmleError, UserInputError
 from rexmle_grade.report import ReportEntry
+from rexmle_grade.schema import SUBMISSION_CSV
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +96,14 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
     models = dict(models or {})
     for role, model in models.items():
         check_model_string(model, role=role)
+    from rexmle_agents.models.registry import missing_credentials
+
+    unset = sorted({name for model in models.values() for name in missing_credentials(model)})
+    if unset:  # caught now, not as a run that stays "pending" forever
+        raise UserInputError(f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set: the model(s) "
+                             f"{', '.join(sorted(set(models.values())))} need {'it' if len(unset) == 1 else 'them'}",
+                             hint="export " + " ".join(f"{name}=..." for name in unset)
+                                  + ", or replay a recorded run offline (--model replay:RUN/cassette.jsonl)")
     missing = [r for r in agent_info.roles if r not in models and "default" not in models and len(models) != 1]
     if missing:
         raise UserInputError(
@@ -188,8 +201,8 @@ def run_lock(paths: RunPaths) -> Iterator[None]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise UserInputError(f"run {paths.run_dir} is being run by another process",
-                             hint="wait for it, or stop it first") from None
+        raise RunLockedError(f"run {paths.run_dir} is being run by another process",
+                             hint="wait for it, or stop it first (see `rexmle runs status`)") from None
     try:
         yield
     finally:
@@ -258,11 +271,51 @@ class _RunLedger(UsageLedger):
 # running
 
 
+class RunLockedError(UserInputError):
+    """The run folder is being run by another process (its lock is held)."""
+
+
+class DiskFullError(RexmleError):
+    """The file system of the run folder is full; the run stops where it is and resumes once space is back."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 def execute_run(spec: RunSpec, runs_dir: str | Path, *, models: Mapping[str, Model] | None = None,
-                gpus: Sequence[str] = (), grade: bool = True, grace_s: float = GRACE_S) -> RunOutcome:
-    """Run (or resume, or just report) the run of ``spec`` under ``runs_dir``. ``models`` overrides roles with
-    ready :class:`Model` objects (tests, notebooks); ``gpus`` are the device ids the executor assigned."""
-    paths = run_paths(spec, Path(runs_dir))
+                gpus: Sequence[str] = (), grade: bool = True, grace_s: float = GRACE_S,
+                run_dir: Path | None = None, concurrent_runs: int = 1) -> RunOutcome:
+    """Run (or resume, or just report) the run of ``spec`` under ``runs_dir`` (or in ``run_dir`` exactly: a run
+    folder given by path, e.g. a copy). ``models`` overrides roles with ready :class:`Model` objects (tests,
+    notebooks); ``gpus`` are the device ids the executor assigned; ``concurrent_runs`` how many runs share this
+    machine (the default memory and disk limits are shares of it)."""
+    paths = RunPaths(Path(run_dir)) if run_dir is not None else run_paths(spec, Path(runs_dir))
+    try:
+        return _execute_locked(spec, paths, models=models, gpus=gpus, grade=grade, grace_s=grace_s,
+                               concurrent_runs=concurrent_runs)
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        _remove_partial(paths)
+        where = f": {exc.filename}" if exc.filename else ""
+        raise DiskFullError(f"the disk holding {paths.run_dir} is full ({exc.strerror}{where})",
+                            hint="free some space, then run the same command again: the run resumes where it "
+                                 "stopped") from None
+
+
+def _remove_partial(paths: RunPaths) -> None:
+    """What a write cut short by a full disk left half-made (never the journal: its torn line is cut on resume)."""
+    leftovers = [paths.final.with_name("final.partial"), paths.run_dir / "candidates"]
+    if paths.snapshots.is_dir():
+        leftovers += list(paths.snapshots.glob("*.partial"))
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    for tmp in paths.run_dir.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def _execute_locked(spec: RunSpec, paths: RunPaths, *, models: Mapping[str, Model] | None, gpus: Sequence[str],
+                    grade: bool, grace_s: float, concurrent_runs: int) -> RunOutcome:
     with run_lock(paths):
         if paths.spec.is_file():
             existing = read_spec(paths.run_dir)
@@ -274,13 +327,14 @@ def execute_run(spec: RunSpec, runs_dir: str | Path, *, models: Mapping[str, Mod
         if status.get("state") in TERMINAL_STATES:
             entry = _grade_if_needed(spec, paths) if grade else _read_grade(paths)
             return _outcome(spec, paths, status, entry)
-        return _Attempt(spec, paths, status, models or {}, tuple(gpus), grace_s).run(grade=grade)
+        return _Attempt(spec, paths, status, models or {}, tuple(gpus), grace_s, concurrent_runs).run(grade=grade)
 
 
 class _Attempt:
     def __init__(self, spec: RunSpec, paths: RunPaths, status: dict[str, Any], models: Mapping[str, Model],
-                 gpus: tuple[str, ...], grace_s: float) -> None:
+                 gpus: tuple[str, ...], grace_s: float, concurrent_runs: int = 1) -> None:
         self.spec = spec
+        self.concurrent_runs = concurrent_runs
         self.paths = paths
         self.status = status
         self.model_overrides = models
@@ -310,10 +364,15 @@ class _Attempt:
                         title=task.meta.title, task_type=task.meta.task_type, dim=task.meta.dim,
                         description=(public / "description.md").read_text(encoding="utf-8"), public_dir=public)
         self._prepare_workspace()
+        # settled on the first attempt (journaled with run_started) and kept by every later one
+        self.limits = recorded_limits(list(self.journal.iter_events())) or resolve_limits(
+            spec, workspace=paths.workspace, concurrent_runs=self.concurrent_runs)
         sandbox = self._sandbox(info)
-        hardware = describe(self.gpus, spec.resources.cpus, spec.resources.memory_gb)
+        memory_gb = None if self.limits.memory_bytes is None else self.limits.memory_bytes / GIB
+        hardware = describe(self.gpus, spec.resources.cpus, memory_gb)
         instructions = render_instructions(spec, info, sandbox, hardware)
-        paths.instructions.write_text(instructions, encoding="utf-8")
+        # rewritten on every attempt: a fresh file renamed over whatever the agent's code left at that name
+        Workspace(paths.workspace, owner=sandbox.owner).write_text(INSTRUCTIONS_FILENAME, instructions)
         ledger = _RunLedger(journal=paths.journal,
                             budget=Budget(max_tokens=spec.limits.max_tokens, max_cost_usd=spec.limits.max_cost_usd))
         ledger.restore(previous.run_totals)
@@ -326,7 +385,8 @@ class _Attempt:
                             host=socket.gethostname(), consumed_s=round(previous.consumed_s, 3),
                             steps_done=previous.steps_started, sandbox=sandbox.kind, isolating=sandbox.isolating,
                             limits_mechanism=getattr(sandbox, "limits_mechanism", None), gpus=list(self.gpus),
-                            rexmle_versions=spec.rexmle_versions)
+                            rexmle_versions=spec.rexmle_versions, limits=self.limits.to_event(),
+                            sandbox_user=None if sandbox.user is None else sandbox.user.name)
         if not sandbox.isolating:
             logger.warning("run %s executes agent code WITHOUT a sandbox (--sandbox none)", spec.run_id)
             self.journal.append("warning", message="agent code ran without a sandbox (--sandbox none)")
@@ -345,11 +405,14 @@ class _Attempt:
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _prepare_workspace(self) -> None:
-        for folder in (self.paths.workspace, self.paths.submission, self.paths.working, self.paths.logs):
+        """The harness's own folders; what is inside the workspace is made by the sandbox (owned by its user)."""
+        for folder in (self.paths.workspace, self.paths.logs):
             folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.paths.run_dir / "candidates", ignore_errors=True)  # collected by a killed attempt
 
     def _sandbox(self, info: TaskInfo) -> Any:
-        return make_run_sandbox(self.spec, self.paths, info.public_dir, info.grader_id, self.gpus)
+        return make_run_sandbox(self.spec, self.paths, info.public_dir, info.grader_id, self.gpus,
+                                limits=self.limits)
 
     def _models(self, ledger: UsageLedger) -> dict[str, Model]:
         from rexmle_agents.models.registry import get_model
@@ -388,6 +451,7 @@ class _Attempt:
         thread = threading.Thread(target=target, name=f"agent-{self.spec.run_id}", daemon=True)
         restore = self._install_signal_handlers(ctx, sandbox)
         retry_extension = 0.0
+        disk = DiskWatch(ctx.fs, self.limits)
         try:
             thread.start()
             next_beat = time.monotonic() + HEARTBEAT_S
@@ -403,6 +467,12 @@ class _Attempt:
                     ctx.cancelled.set()
                     sandbox.kill_all()
                     self.journal.append("budget_exhausted", limit="time", message=ctx.cancel_reason)
+                over = None if ctx.cancelled.is_set() else disk.check(now)
+                if over is not None:
+                    ctx.cancel_reason = over
+                    ctx.cancelled.set()
+                    sandbox.kill_all()
+                    self.journal.append("budget_exhausted", limit="disk", message=over, usage=disk.last)
                 if ctx.cancelled.is_set():
                     thread.join(self.grace_s)
                     if thread.is_alive():
@@ -419,8 +489,12 @@ class _Attempt:
         return self._classify(ctx, failure[0] if failure else None)
 
     def _classify(self, ctx: RunContext, exc: BaseException | None) -> tuple[str, str, str | None]:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            raise exc  # not the agent's failure: the run stops here and resumes once there is space
         if ctx.cancelled.is_set():
             reason = ctx.cancel_reason or "cancelled"
+            if reason.startswith(DiskWatch.PREFIX):
+                return "finished", reason, "disk"
             return ("timed_out", reason, "time") if reason.startswith("time limit") else ("cancelled", reason, None)
         if exc is None:
             return "finished", "the agent finished", None
@@ -458,7 +532,7 @@ class _Attempt:
         """final/: the chosen snapshot (explicit choice, else the latest valid, else the workspace's submission)."""
         paths = self.paths
         chosen = choose_final(list(self.journal.iter_events()))
-        if chosen is None and (paths.submission / "submission.csv").is_file():
+        if chosen is None and ctx.fs.kind_of(f"{SUBMISSION_DIRNAME}/{SUBMISSION_CSV}") is not None:
             try:
                 chosen = ctx.snapshot_submission("workspace submission at the end of the run")
             except (OSError, RexmleError) as exc:
@@ -484,44 +558,91 @@ class _Attempt:
 
     def _write_status(self, state: str, reason: str, limit: str | None, attempt: int, elapsed: float, *,
                       steps: int = 0, finished: bool = False, usage: UsageTotals | None = None) -> dict[str, Any]:
-        status: dict[str, Any] = {
-            "state": state, "reason": reason, "limit": limit, "attempts": attempt, "steps": steps,
-            "elapsed_s": round(elapsed, 3), "run_id": self.spec.run_id, "task_id": self.spec.task_id,
-            "agent": self.spec.agent, "seed": self.spec.seed,
-            "started_at": self.status.get("started_at") or _now(), "updated_at": _now(),
-            "finished_at": _now() if finished else None, "pid": os.getpid(), "host": socket.gethostname(),
+        """Write ``status.json`` (the typed record :class:`rexmle_agents.results.records.RunStatus`). The status
+        read when the attempt began is updated with every write, so ``started_at`` stays the first attempt's."""
+        from rexmle_agents.harness.hardware import measured
+        from rexmle_agents.results.records import RunStatus
+
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")  # a fast run still orders them
+        res = self.spec.resources
+        fields: dict[str, Any] = {
+            "format_version": RUN_FORMAT_VERSION, "state": state, "reason": reason, "limit": limit,
+            "attempts": attempt, "steps": steps, "elapsed_s": round(elapsed, 3), "run_id": self.spec.run_id,
+            "task_id": self.spec.task_id, "agent": self.spec.agent, "seed": self.spec.seed,
+            "started_at": self.status.get("started_at") or now, "updated_at": now,
+            "finished_at": now if finished else None, "pid": os.getpid(), "host": socket.gethostname(),
+            "hardware": measured(self.gpus, res.cpus, res.memory_gb),
         }
         if usage is not None:  # time lost to model API retries is kept apart from the agent's own time
-            status.update(model_calls=usage.calls, tokens=usage.usage.total_tokens, cost_usd=usage.cost_usd,
-                          model_retry_s=round(usage.retry_time_s, 3))
+            fields.update(model_calls=usage.calls, tokens=usage.usage.total_tokens,
+                          input_tokens=usage.usage.input_tokens, output_tokens=usage.usage.output_tokens,
+                          cost_usd=usage.cost_usd, uncosted_calls=usage.uncosted_calls,
+                          unknown_usage_calls=usage.unknown_usage_calls, model_retry_s=round(usage.retry_time_s, 3))
+        status = RunStatus.model_validate(fields).model_dump(mode="json")
         write_json_atomic(self.paths.status, status)
+        self.status = status
         return status
 
 
+class DiskWatch:
+    """The workspace disk limit, checked by the watchdog: bytes allocated, entries and nesting, measured without
+    following links, at intervals that grow with the cost of a scan (at least :attr:`MIN_INTERVAL_S`)."""
+
+    PREFIX = "workspace disk limit"
+    MIN_INTERVAL_S = 2.0
+    COST_FACTOR = 20  # the watchdog spends at most 1/20 of its time measuring
+
+    def __init__(self, fs: Workspace, limits: EffectiveLimits) -> None:
+        self.fs = fs
+        self.limits = limits
+        self.next_at = 0.0
+        self.last: dict[str, Any] = {}
+
+    def check(self, now: float) -> str | None:
+        """None while the workspace is within its limits; else why it is not."""
+        if now < self.next_at:
+            return None
+        started = time.monotonic()
+        usage = self.fs.usage(max_entries=self.limits.max_files, skip=(DATA_DIRNAME,))
+        took = time.monotonic() - started
+        self.next_at = now + max(self.MIN_INTERVAL_S, self.COST_FACTOR * took)
+        self.last = {"bytes": usage.bytes, "entries": usage.entries, "depth": usage.depth, "scan_s": round(took, 4)}
+        limit_gib = self.limits.disk_bytes / GIB
+        if usage.bytes > self.limits.disk_bytes:
+            return (f"{self.PREFIX} exceeded: the workspace holds {usage.bytes / GIB:.2f} GiB, the limit is "
+                    f"{limit_gib:.2f} GiB (--disk-gb)")
+        if not usage.complete:
+            if usage.entries > self.limits.max_files:
+                return (f"{self.PREFIX} exceeded: the workspace holds more than {self.limits.max_files} files "
+                        "and folders (--max-files)")
+            return f"{self.PREFIX} exceeded: folders in the workspace are nested deeper than {MAX_DEPTH} levels"
+        return None
+
+
 def make_run_sandbox(spec: RunSpec, paths: RunPaths, public_dir: Path, grader_id: str,
-                     gpus: Sequence[str] = ()) -> Any:
-    """The sandbox of a run: the same spec always gives the same mounts, limits, environment and folder."""
+                     gpus: Sequence[str] = (), *, limits: EffectiveLimits | None = None) -> Any:
+    """The sandbox of a run: the same spec always gives the same mounts, limits, environment and folder. Without
+    ``limits``, those the run journaled when it first started (else this machine's defaults)."""
     from rexmle_agents.sandbox import SandboxLimits, SandboxSpec, get_sandbox
 
-    res = spec.resources
-    limits = SandboxLimits(
-        memory_bytes=None if res.memory_gb is None else int(res.memory_gb * 1024**3),
-        max_processes=res.max_processes,
-        max_file_bytes=None if res.max_file_gb is None else int(res.max_file_gb * 1024**3),
-        cpus=res.cpus, gpus=tuple(gpus))
+    if limits is None:
+        limits = recorded_limits(list(Journal(paths.journal).iter_events())) or resolve_limits(
+            spec, workspace=paths.run_dir if paths.run_dir.is_dir() else Path("."))
+    sandbox_limits = SandboxLimits(memory_bytes=limits.memory_bytes, max_processes=limits.max_processes,
+                                   max_file_bytes=limits.max_file_bytes, cpus=limits.cpus, gpus=tuple(gpus))
     env = {"REXMLE_TASK_ID": spec.task_id, "REXMLE_GRADER_ID": grader_id}
 
     def make(env: dict[str, str]) -> Any:
-        return get_sandbox(spec.sandbox, SandboxSpec(workspace=paths.workspace, data=public_dir, limits=limits,
+        return get_sandbox(spec.sandbox, SandboxSpec(workspace=paths.workspace, data=public_dir, limits=sandbox_limits,
                                                      env=env, image=spec.sandbox_image),
                            allow_unsandboxed=spec.allow_unsandboxed)
 
     # where the workspace appears inside depends on the runtime, and the variables naming it need to know
     workspace = make(env).workspace_path
     sandbox = make({**env, "REXMLE_WORKSPACE": workspace, "REXMLE_PUBLIC_DIR": f"{workspace}/data"})
-    if sandbox.isolating:
-        paths.data_view.mkdir(parents=True, exist_ok=True)  # the mount point of the read-only public view
-    elif not paths.data_view.exists():
+    paths.workspace.mkdir(parents=True, exist_ok=True)
+    sandbox.prepare_workspace()  # submission/, working/, the data view's mount point: real folders, never links
+    if not sandbox.isolating and Workspace(paths.workspace).kind_of(DATA_DIRNAME) is None:
         paths.data_view.symlink_to(public_dir, target_is_directory=True)
     return sandbox
 

@@ -49,13 +49,17 @@ class Limits(_Frozen):
 
 
 class Resources(_Frozen):
-    """What one run may use; GPUs are assigned by the executor (CUDA_VISIBLE_DEVICES inside the sandbox)."""
+    """What one run may use; GPUs are assigned by the executor (only their device nodes exist inside the sandbox).
+    ``memory_gb`` and ``disk_gb`` left at None get this machine's safe default when the run first starts (see
+    :mod:`rexmle_agents.harness.limits`; recorded in the journal, not in the run id)."""
 
     gpus: int = Field(default=0, ge=0)
     cpus: int | None = Field(default=None, ge=1)
     memory_gb: float | None = Field(default=None, gt=0)
     max_processes: int = Field(default=1024, ge=8)
     max_file_gb: float | None = Field(default=64.0, gt=0)
+    disk_gb: float | None = Field(default=None, gt=0)  # bytes the workspace may hold
+    max_files: int = Field(default=1_000_000, ge=100)  # entries the workspace may hold
 
 
 class RunSpec(_Frozen):

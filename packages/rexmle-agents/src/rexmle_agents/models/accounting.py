@@ -6,8 +6,9 @@ import functools
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -133,10 +134,12 @@ class UsageTotals(_Frozen):
 
 
 class CallRecord(_Frozen):
-    """One model call as the run journal stores it, with the step's and the run's totals after it."""
+    """One model call as the run journal stores it, with the step's and the run's totals after it. ``time`` is Unix
+    seconds, like every other journal event (records written before that carried an ISO-8601 string, which
+    :mod:`rexmle_agents.results` still reads)."""
 
     kind: Literal["model_call"] = "model_call"
-    time: datetime
+    time: float
     step: int | None
     model: str
     response_id: str | None
@@ -213,7 +216,7 @@ class UsageLedger:
             if step is not None:
                 step_totals = self._steps[step] = self._steps.get(step, UsageTotals()).plus(response)
             record = CallRecord(
-                time=datetime.now(timezone.utc),
+                time=time.time(),
                 step=step,
                 model=model,
                 response_id=response.id,

@@ -102,6 +102,20 @@ def parse_model_string(model: str) -> ModelSpec:
     return ModelSpec(provider, name, url)
 
 
+def missing_credentials(model: str) -> list[str]:
+    """The environment variables a model string needs that are not set (none for replay and test models)."""
+    if model.startswith("replay:") or model.split("/", 1)[0] not in PROVIDERS:
+        return []
+    provider = PROVIDERS[parse_model_string(model).provider]
+    missing = [provider.key_env] if provider.key_required and not os.environ.get(provider.key_env) else []
+    if provider.name == "azure":
+        if not os.environ.get(AZURE_ENDPOINT_ENV):
+            missing.append(AZURE_ENDPOINT_ENV)
+        if not any(os.environ.get(name) for name in AZURE_API_VERSION_ENVS):
+            missing.append(AZURE_API_VERSION_ENVS[0])
+    return missing
+
+
 def get_model(
     model: str,
     *,

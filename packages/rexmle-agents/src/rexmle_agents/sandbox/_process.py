@@ -1,9 +1,11 @@
 """Starting, limiting, watching and killing one host command: the part every sandbox runtime shares.
 
-The command starts in a new session (its own process group), with stdout/stderr going straight into log files (no
-pump threads: nothing to slow the command or the harness down), in its own cgroup where the machine allows one
-(:mod:`._cgroups`), else under rlimits. The harness waits on a pidfd, so a finished command is noticed at once while
-timeouts, cancellation and a process-limit storm are checked every :data:`POLL_S`. Killing means SIGKILL to the
+The command starts in a new session (its own process group), in its own cgroup where the machine allows one
+(:mod:`._cgroups`), else under rlimits. Its stdout/stderr are pipes the waiting loop reads (no pump threads) into
+bounded log files: the first :data:`LOG_HEAD_BYTES` of each stream, then a line saying how much was left out, then
+its last :data:`LOG_TAIL_BYTES` (agent output is data of unbounded size; the host's disk is not). The harness
+waits on a pidfd, so a finished command is noticed at once while timeouts, cancellation and a process-limit storm
+are checked every :data:`POLL_S`. Killing means SIGKILL to the
 process group, to every member of the cgroup and to every descendant still found in /proc; the PID namespace of
 an isolating runtime then takes whatever is left with it.
 """
@@ -30,6 +32,10 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 TAIL_BYTES = 8192
+LOG_HEAD_BYTES = 4 * 1024 * 1024
+LOG_TAIL_BYTES = 1024 * 1024
+_READ_BYTES = 256 * 1024
+_DRAIN_S = 2.0  # after the command is over, how long its pipes are read before they are abandoned
 # A process tree whose forks keep failing at the process limit for this long is a fork storm, not a program that
 # noticed the limit and coped: it is killed then rather than at the timeout.
 PROCESS_STORM_S = 2.0
@@ -219,6 +225,43 @@ def tail(path: Path, size: int = TAIL_BYTES) -> str:
         return ""
 
 
+class LogSink:
+    """One output stream kept in a bounded file: the head as it comes, the tail held back and written on close."""
+
+    def __init__(self, path: Path, *, head_bytes: int = LOG_HEAD_BYTES, tail_bytes: int = LOG_TAIL_BYTES) -> None:
+        # unbuffered: the head is on disk as it comes, so progress can be read while the command runs
+        self.file = open(path, "wb", buffering=0)  # noqa: SIM115 (closed in close())
+        self.head_left = head_bytes
+        self.tail_bytes = tail_bytes
+        self.held = bytearray()
+        self.dropped = 0  # bytes neither in the head nor in the held tail
+
+    def write(self, data: bytes) -> None:
+        if self.head_left > 0:
+            taken = min(len(data), self.head_left)
+            self._write_all(data[:taken])
+            self.head_left -= taken
+            data = data[taken:]
+        if data:
+            self.held += data
+            excess = len(self.held) - self.tail_bytes
+            if excess > 0:
+                del self.held[:excess]
+                self.dropped += excess
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self.file.write(view):]
+
+    def close(self) -> None:
+        if self.held:
+            if self.dropped:
+                self._write_all(f"\n[rexmle: {self.dropped} bytes of output left out here]\n".encode())
+            self._write_all(bytes(self.held))
+        self.file.close()
+
+
 def run_host(launch: Launch, plan: LimitPlan, *, stdout_path: Path, stderr_path: Path, timeout_s: float | None,
              cancel: threading.Event | None, register: Callable[[Running | None], None]) -> Outcome:
     """Run one host command to its end (or kill it), keeping its output in the two files. ``register`` is told of
@@ -233,25 +276,40 @@ def run_host(launch: Launch, plan: LimitPlan, *, stdout_path: Path, stderr_path:
                                hint="check that /sys/fs/cgroup is writable, or run where rlimits suffice") from exc
     start = time.monotonic()
     try:
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        sinks = (LogSink(stdout_path), LogSink(stderr_path))
+        pipes: list[int] = []
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            pipes = [out_r, err_r]
             try:
                 proc = subprocess.Popen(
-                    launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(launch.env),
+                    launch.argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=dict(launch.env),
                     cwd=launch.cwd, start_new_session=True,
                     preexec_fn=_child_setup(cgroup.procs_files if cgroup else (), plan.rlimits))
             except (OSError, subprocess.SubprocessError) as exc:
                 raise SandboxError(f"could not start {launch.argv[0]!r}: {exc}",
                                    hint="check that the sandbox runtime is installed (see `rexmle sandbox`)") from exc
-        running = Running(proc=proc, cgroup=cgroup, on_kill=launch.on_kill)
-        register(running)
-        try:
-            _wait(running, start=start, timeout_s=timeout_s, cancel=cancel)
-        except BaseException:
-            running.stop(KILL_CANCEL)  # the harness itself is interrupted: never leave the command running
-            raise
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            running = Running(proc=proc, cgroup=cgroup, on_kill=launch.on_kill)
+            register(running)
+            streams = dict(zip(pipes, sinks, strict=True))
+            try:
+                _wait(running, start=start, timeout_s=timeout_s, cancel=cancel, streams=streams)
+            except BaseException:
+                running.stop(KILL_CANCEL)  # the harness itself is interrupted: never leave the command running
+                raise
+            finally:
+                register(None)
+                returncode, usage = running.reap()
+                _drain(streams)
         finally:
-            register(None)
-            returncode, usage = running.reap()
+            for fd in pipes:
+                os.close(fd)
+            for sink in sinks:
+                sink.close()
         # rusage misses what bwrap's monitor never reaps; the cgroup's CPU accounting counts every process.
         cgroup_cpu = cgroup.cpu_seconds() if cgroup else None
         return Outcome(returncode=returncode, killed_for=running.killed_for, wall_s=time.monotonic() - start,
@@ -264,21 +322,66 @@ def run_host(launch: Launch, plan: LimitPlan, *, stdout_path: Path, stderr_path:
             cgroup.remove()
 
 
-def _wait(running: Running, *, start: float, timeout_s: float | None, cancel: threading.Event | None) -> None:
-    """Block until the main process exits (it stays unreaped), stopping it on timeout, cancel or fork storm."""
+def _read_into(fd: int, sink: LogSink) -> bool:
+    """Read what is waiting in one pipe into its sink; False at end of file."""
+    try:
+        data = os.read(fd, _READ_BYTES)
+    except BlockingIOError:
+        return True
+    if not data:
+        return False
+    sink.write(data)
+    return True
+
+
+def _drain(streams: dict[int, LogSink]) -> None:
+    """Read the pipes to their end once the command is over (what a killed process wrote last), within a bound:
+    a process that escaped the kill keeps its end open, and is not waited for."""
+    poller = select.poll()
+    open_fds = set(streams)
+    for fd in open_fds:
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + _DRAIN_S
+    while open_fds and time.monotonic() < deadline:
+        for fd, _ in poller.poll(100):
+            if fd in open_fds and not _read_into(fd, streams[fd]):
+                open_fds.discard(fd)
+                poller.unregister(fd)
+
+
+def _wait(running: Running, *, start: float, timeout_s: float | None, cancel: threading.Event | None,
+          streams: dict[int, LogSink]) -> None:
+    """Block until the main process exits (it stays unreaped), reading its output meanwhile, stopping it on timeout,
+    cancel or fork storm."""
     pid = running.proc.pid
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
+    open_pipes = set(streams)
+    for fd in open_pipes:
+        poller.register(fd, select.POLLIN)
     storm_start = last_rise = 0.0
     last_hits = 0
+    next_check = time.monotonic() + POLL_S
     try:
         while True:
             now = time.monotonic()
-            wait_s = POLL_S if timeout_s is None else max(0.0, min(POLL_S, start + timeout_s - now))
-            if poller.poll(wait_s * 1000):
+            wait_s = max(0.0, next_check - now)
+            if timeout_s is not None:
+                wait_s = min(wait_s, max(0.0, start + timeout_s - now))
+            exited = False
+            for fd, _ in poller.poll(wait_s * 1000):
+                if fd == pidfd:
+                    exited = True
+                elif fd in open_pipes and not _read_into(fd, streams[fd]):
+                    open_pipes.discard(fd)
+                    poller.unregister(fd)
+            if exited:
                 return
             now = time.monotonic()
+            if now < next_check and (timeout_s is None or now - start < timeout_s):
+                continue  # woken by output: the checks below run every POLL_S
+            next_check = now + POLL_S
             if running.killed_for is not None:
                 continue  # stopped from outside (kill_all): wait for the exit
             if cancel is not None and cancel.is_set():

@@ -2,9 +2,11 @@
 the harness's cgroup and rlimits apply to it as to bwrap.
 
 ``apptainer exec --containall --no-home --cleanenv --net --network none``: own PID/IPC/mount namespaces, no host
-home or /tmp, no host variables, no network; the workspace bound read-write at /workspace and the public data
-read-only over /workspace/data; ``--nv`` passes the NVIDIA driver and devices through when the run has GPUs. The
-image (``spec.image``: a ``.sif`` file or a ``docker://`` reference) must hold Python and the rexmle packages.
+home or /tmp, no host variables, no network (apptainer always sets no_new_privs). As root, ``--no-privs --security
+uid:U,gid:G`` runs the code as the unprivileged sandbox user without capabilities. The workspace is bound read-write
+at /workspace and the public data read-only over /workspace/data; ``--nv`` passes the NVIDIA driver and devices
+through when the run has GPUs. The image (``spec.image``: a ``.sif`` file or a ``docker://`` reference) must hold
+Python and the rexmle packages.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class ApptainerSandbox(Sandbox):
         spec = self.spec
         args = [shutil.which("apptainer") or "apptainer", "exec", "--containall", "--no-home", "--cleanenv",
                 "--writable-tmpfs"]
+        if self.user is not None:
+            # as root, apptainer would run the code as root: no privileges, and the unprivileged sandbox user
+            args += ["--no-privs", "--security", f"uid:{self.user.uid},gid:{self.user.gid}"]
         if not spec.network:
             args += ["--net", "--network", "none"]
         if spec.limits.gpus:

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from rexmle_agents.sandbox import _process
+from rexmle_agents.sandbox.identity import SandboxUser, sandbox_user
 from rexmle_grade.errors import SandboxError
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class Sandbox(ABC):
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
         _check_spec(spec)
+        # None: the harness is not root and commands run as its own user; else the unprivileged user they run as
+        self.user: SandboxUser | None = sandbox_user()
         limits = spec.limits
         self._plan = _process.plan_limits(
             memory_bytes=limits.memory_bytes if self.host_limits else None,
@@ -112,6 +115,11 @@ class Sandbox(ABC):
     @abstractmethod
     def unavailable_reason(cls) -> str | None:
         """None when this runtime works on this machine; else what is missing and how to install or avoid it."""
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """(uid, gid) that folders made for the agent must belong to (None: the harness's own user)."""
+        return None if self.user is None else self.user.owner
 
     @property
     def workspace_path(self) -> str:
@@ -136,8 +144,7 @@ class Sandbox(ABC):
         ``log_dir/<log_name>.stdout|stderr`` (tails in the result); ``cancel`` set from another thread stops it."""
         if not argv:
             raise SandboxError("no command given to run in the sandbox", hint="pass the program and its arguments")
-        for sub in (self.spec.workdir, HOME_DIRNAME):
-            (self.spec.workspace / sub).mkdir(parents=True, exist_ok=True)
+        self.prepare_workspace()
         logs = Path(tempfile.mkdtemp(prefix="rexmle-exec-")) if log_dir is None else log_dir
         logs.mkdir(parents=True, exist_ok=True)
         stdout_path, stderr_path = logs / f"{log_name}.stdout", logs / f"{log_name}.stderr"
@@ -156,6 +163,18 @@ class Sandbox(ABC):
             running = list(self._active)
         for item in running:
             item.stop(_process.KILL_CANCEL)
+
+    def prepare_workspace(self) -> None:
+        """The folders commands need, as real folders (a link planted at one of their names is replaced, never
+        followed) that the sandbox's user owns; and the data view's mount point, a real folder the harness owns."""
+        from rexmle_agents.safe_workspace import Workspace
+
+        workspace = Workspace(self.spec.workspace, owner=self.owner)
+        workspace.own_root()
+        for sub in (SUBMISSION_DIRNAME, self.spec.workdir, HOME_DIRNAME):
+            workspace.ensure_dir(sub)
+        if self.isolating:
+            Workspace(self.spec.workspace).ensure_dir(DATA_DIRNAME, own=False)
 
     def _register_factory(self) -> Callable[[_process.Running | None], None]:
         """The callback through which one command enters (its Running) and leaves (None) the set kill_all sees."""

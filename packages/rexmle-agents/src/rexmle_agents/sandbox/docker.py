@@ -4,8 +4,9 @@ container (killing the client alone would leave it running).
 
 ``docker run --rm --network none --read-only``: a read-only root with a private /tmp, no network, every
 capability dropped, no privilege escalation, running as the harness's uid/gid (so workspace files stay the
-user's); the workspace bound read-write at /workspace and the public data read-only over /workspace/data; the
-run's GPUs by ``--gpus device=...``. The image (``spec.image``) must hold Python and the rexmle packages.
+user's), or as the unprivileged sandbox user when the harness is root; the workspace bound read-write at
+/workspace and the public data read-only over /workspace/data; the run's GPUs by ``--gpus device=...``. The
+image (``spec.image``) must hold Python and the rexmle packages.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class DockerSandbox(Sandbox):
     def command(self, argv: Sequence[str], *, name: str | None = None) -> list[str]:
         spec, limits = self.spec, self.spec.limits
         args = [shutil.which("docker") or "docker", "run", "--rm", "--init", "--read-only", "--tmpfs", "/tmp",
-                "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", f"{os.getuid()}:{os.getgid()}"]
+                "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", self._user()]
         if name is not None:
             args += ["--name", name]
         if not spec.network:
@@ -86,6 +87,10 @@ class DockerSandbox(Sandbox):
         for key, value in env.items():
             args += ["-e", f"{key}={value}"]
         return [*args, self.image, *argv]
+
+    def _user(self) -> str:
+        """The harness's own uid:gid, or the unprivileged sandbox user's when the harness is root."""
+        return f"{os.getuid()}:{os.getgid()}" if self.user is None else f"{self.user.uid}:{self.user.gid}"
 
     def _launch(self, argv: Sequence[str]) -> _process.Launch:
         name = f"rexmle-{uuid.uuid4().hex[:16]}"

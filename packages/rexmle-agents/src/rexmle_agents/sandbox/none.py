@@ -36,9 +36,11 @@ class NoSandbox(Sandbox):
         return str(self.spec.workspace.resolve())
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        return list(argv)
+        # as root, even unsandboxed code runs as the unprivileged sandbox user (the workspace, the data and the
+        # Python environment must then be readable by that user)
+        return list(argv) if self.user is None else self.user.drop_privileges(argv)
 
     def _launch(self, argv: Sequence[str]) -> _process.Launch:
         os.makedirs(self.env["TMPDIR"], exist_ok=True)
-        return _process.Launch(argv=tuple(argv), env=self.env,
+        return _process.Launch(argv=tuple(self.command(argv)), env=self.env,
                                cwd=Path(self.workspace_path) / self.spec.workdir)

@@ -5,19 +5,19 @@ node. Policies only decide *which* node to make next (see ``policies/``)."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, ToolSpec
+from rexmle_agents.sandbox.base import SUBMISSION_DIRNAME, WORKING_DIRNAME
 from rexmle_agents.scaffolds.node import ExecSummary, Node, NodeStatus
 from rexmle_agents.scaffolds.prompting import memory_text, remaining_text, render, system_prompt
 from rexmle_agents.scaffolds.tree import Tree
 
 if TYPE_CHECKING:
-    from rexmle_agents.harness.context import RunContext
+    from rexmle_agents.harness.context import Candidate, RunContext
 
 STATE_KEY = "scaffold"
 SAMPLE_ENV = "SAMPLE"
@@ -131,58 +131,69 @@ class Workbench:
 
     def evaluate(self, node: Node, *, worker: int = 0) -> None:
         node.execution = self.run_script(node, worker=worker)
-        valid, validation = self.check_submission(worker) if node.execution.ok else (
-            False, "not checked: the script did not finish")
-        review = self.operators["analyse"](self, node, validation=validation)
-        reasons = [] if node.execution.ok else [self.describe(node.execution)]
-        if review is None:
-            reasons.append(node.bug_reason)
-        elif review.is_bug:
-            reasons.append("the review found a problem")
-        elif review.metric is None:
-            reasons.append("no validation metric was reported")
-        if node.execution.ok and not valid:
-            reasons.append(validation)
-        node.submission_valid = valid
-        node.is_buggy = bool(reasons)
-        node.bug_reason = "; ".join(reasons)
-        if not node.is_buggy:
-            node.snapshot_id = self.ctx.snapshot_submission(
-                f"node{node.id}", source=self.submission_dir(worker), code=node.code, score=node.metric,
-                metadata={"node": node.id, "lower_is_better": node.lower_is_better, "stage": node.stage})
+        candidate = None
+        if node.execution.ok:
+            valid, validation, candidate = self.check_submission(worker)
+        else:
+            valid, validation = False, "not checked: the script did not finish"
+        try:
+            review = self.operators["analyse"](self, node, validation=validation)
+            reasons = [] if node.execution.ok else [self.describe(node.execution)]
+            if review is None:
+                reasons.append(node.bug_reason)
+            elif review.is_bug:
+                reasons.append("the review found a problem")
+            elif review.metric is None:
+                reasons.append("no validation metric was reported")
+            if node.execution.ok and not valid:
+                reasons.append(validation)
+            node.submission_valid = valid
+            node.is_buggy = bool(reasons)
+            node.bug_reason = "; ".join(reasons)
+            if not node.is_buggy and candidate is not None:
+                node.snapshot_id = self.ctx.snapshot_submission(
+                    f"node{node.id}", candidate=candidate, code=node.code, score=node.metric,
+                    metadata={"node": node.id, "lower_is_better": node.lower_is_better, "stage": node.stage})
+                candidate = None
+        finally:
+            if candidate is not None:
+                candidate.discard()
 
     def submission_dir(self, worker: int) -> Path:
         """Worker 0 writes the workspace's own submission folder; parallel workers get one each."""
-        if worker == 0:
-            return self.ctx.paths.submission
-        return self.ctx.paths.working / "workers" / str(worker) / "submission"
+        return self.ctx.paths.workspace / self.submission_rel(worker)
+
+    @staticmethod
+    def submission_rel(worker: int) -> str:
+        return SUBMISSION_DIRNAME if worker == 0 else f"{WORKING_DIRNAME}/workers/{worker}/{SUBMISSION_DIRNAME}"
 
     def run_script(self, node: Node, *, worker: int = 0, sample: bool = False,
                    timeout_s: float | None = None) -> ExecSummary:
-        folder = self.submission_dir(worker)
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        # emptied, and written afresh, without following anything the agent's code planted there
+        notes = self.ctx.fs.reset_dir(self.submission_rel(worker))
+        for note in notes:
+            self.ctx.log(f"submission folder of worker {worker}: {note}")
         filename = f"node_{node.id:04d}.py"
-        (self.ctx.paths.working / filename).write_text(node.code, encoding="utf-8")
+        self.ctx.fs.write_text(f"{WORKING_DIRNAME}/{filename}", node.code)
         step = self.ctx.current_step
         self.ctx.journal.append("code_written", step=step.number if step else None, file=filename, code=node.code,
                                 node=node.id)
-        env = [f"{SUBMISSION_ENV}={self.ctx.inside(folder)}", f"{SAMPLE_ENV}={1 if sample else 0}"]
+        env = [f"{SUBMISSION_ENV}={self.ctx.inside(self.submission_dir(worker))}", f"{SAMPLE_ENV}={1 if sample else 0}"]
         result = self.ctx.execute(["env", *env, "python", filename], timeout_s=timeout_s,
                                   label=f"node{node.id}" + ("-sample" if sample else ""))
         return ExecSummary(exit_code=result.exit_code, stopped_by=result.stopped_by, seconds=round(result.wall_s, 3),
                            output_tail=_tail(result.stdout_tail, result.stderr_tail, self.settings.output_tail_chars))
 
-    def check_submission(self, worker: int) -> tuple[bool, str]:
-        folder = self.submission_dir(worker)
-        if not folder.is_dir() or not any(folder.iterdir()):
-            return False, f"the script wrote nothing into ${SUBMISSION_ENV}"
-        validation = self.ctx.validate(folder)
+    def check_submission(self, worker: int) -> tuple[bool, str, Candidate | None]:
+        """Collect the worker's submission safely and validate the copy; the candidate is kept for a snapshot."""
+        if self.ctx.fs.is_empty_dir(self.submission_rel(worker)):
+            return False, f"the script wrote nothing into ${SUBMISSION_ENV}", None
+        candidate = self.ctx.collect_submission(self.submission_dir(worker))
+        validation = candidate.validation
         if validation.ok:
-            return True, f"the submission is valid ({validation.n_rows} rows/files)"
+            return True, f"the submission is valid ({validation.n_rows} rows/files)", candidate
         shown = "; ".join(validation.problems[:5])
-        return False, f"the submission is invalid: {shown}"
+        return False, f"the submission is invalid: {shown}", candidate
 
     # ---- the end --------------------------------------------------------------------------------------------
     def finish(self) -> Node | None:

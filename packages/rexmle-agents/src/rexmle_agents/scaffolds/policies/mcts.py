@@ -174,4 +174,5 @@ class Mcts:
         bench.complete(node, after=self._backup_of(bench))
         with bench.ctx.step("node", node=node.id, stage=node.stage, parent=node.parent, worker=node.worker) as step:
             node.step = step.number
+            bench.save()  # the step number too: the last nodes of a run are saved no more after this
             step.result = node.journal_record()
