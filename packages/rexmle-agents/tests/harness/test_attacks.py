@@ -280,3 +280,22 @@ def test_agent_text_is_printed_with_control_characters_escaped(data_root: Path, 
     for text in (first.stdout, first.stderr, status.stdout, status.stderr):
         assert b"\x1b" not in text and b"\x07" not in text and b"\r" not in text  # ... as data
     assert b"\\x1b" in first.stdout + first.stderr
+
+
+def test_an_interrupted_step_does_not_count_against_the_step_limit(data_root: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    argv = commands_run(data_root, runs, ["true", "sleep 30", "true"], "--max-steps", "3")
+    first = subprocess.Popen([*driver(tmp_path), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    journal = wait_for(lambda: next(iter(runs.glob("ops/*/journal.jsonl")), None))
+    wait_for(lambda: any(e["kind"] == "exec_started" and e.get("step") == 2 for e in Journal(journal).events()))
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    again = subprocess.run([*driver(tmp_path), *argv], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    events = Journal(journal).events()
+    finished = [e for e in events if e["kind"] == "step_finished"]
+    assert [e["kind"] for e in events].count("step_interrupted") == 1
+    assert len(finished) == 3  # the interrupted step was redone, and all three commands ran within --max-steps 3
+    status = json.loads((journal.parent / "status.json").read_text())
+    assert (status["state"], status["steps"], status["limit"]) == ("finished", 3, None)

@@ -109,7 +109,7 @@ class RunContext:
 
     def __init__(self, *, spec: RunSpec, paths: RunPaths, task: TaskInfo, instructions: str, sandbox: Sandbox,
                  journal: Journal, ledger: UsageLedger, models: Mapping[str, Model], deadline: float,
-                 steps_done: int, hardware: Mapping[str, Any],
+                 steps_done: int, hardware: Mapping[str, Any], last_step: int | None = None,
                  selection_scorer: Callable[[Path], Mapping[str, Any]] | None = None) -> None:
         self.spec = spec
         self.paths = paths
@@ -124,7 +124,9 @@ class RunContext:
         self.cancel_reason: str | None = None
         self._models = {role: _BudgetedModel(m, self) for role, m in models.items()}
         self._deadline = deadline  # time.monotonic() value
-        self._steps_done = steps_done
+        self._steps_done = steps_done  # finished steps: what the step limit counts
+        # the last step number used (an interrupted step keeps its number but does not count against the limit)
+        self._last_step = steps_done if last_step is None else max(last_step, steps_done)
         self._step: Step | None = None
         self._exec_counter = 0
         self._lock = threading.Lock()
@@ -215,7 +217,7 @@ class RunContext:
         self._check_steps()
         if self._step is not None:
             raise RuntimeError(f"step {self._step.number} ({self._step.kind}) is still open: steps do not nest")
-        number = self._steps_done + 1
+        number = self._last_step + 1
         step = Step(number=number, kind=kind, info=dict(info))
         self._step = step
         self.ledger.begin_step(number)
@@ -230,7 +232,8 @@ class RunContext:
             raise
         finally:
             self._step = None
-            self._steps_done = number
+            self._last_step = number
+            self._steps_done += 1
             usage = self.ledger.step_totals(number)
             self.journal.append("step_finished", step=number, step_kind=kind, status=status,
                                 seconds=round(time.monotonic() - started, 4), result=step.result,

@@ -222,9 +222,10 @@ def _now() -> str:
 class JournalState:
     attempts: int
     consumed_s: float
-    steps_started: int
+    steps_started: int  # the highest step number used (the next step is numbered after it)
     open_steps: tuple[int, ...]
     run_totals: UsageTotals
+    steps_finished: int = 0  # steps that finished (what --max-steps counts: an interrupted step does not)
 
 
 def journal_state(events: Sequence[Mapping[str, Any]], status: Mapping[str, Any]) -> JournalState:
@@ -234,6 +235,7 @@ def journal_state(events: Sequence[Mapping[str, Any]], status: Mapping[str, Any]
     attempt_start: float | None = None
     last_time: float | None = None
     started: dict[int, bool] = {}
+    finished = 0
     totals = UsageTotals()
     for event in events:
         kind = event["kind"]
@@ -249,6 +251,7 @@ def journal_state(events: Sequence[Mapping[str, Any]], status: Mapping[str, Any]
             started[event["step"]] = False
         elif kind in ("step_finished", "step_interrupted"):
             started[event["step"]] = True
+            finished += kind == "step_finished"
         elif kind == "model_call":
             totals = UsageTotals.model_validate(event["run_totals"])
         last_time = t if t is not None else last_time
@@ -256,7 +259,8 @@ def journal_state(events: Sequence[Mapping[str, Any]], status: Mapping[str, Any]
         consumed += max(0.0, last_time - attempt_start)
     consumed = max(consumed, float(status.get("elapsed_s") or 0.0))
     return JournalState(attempts=attempts, consumed_s=consumed, steps_started=max(started, default=0),
-                        open_steps=tuple(s for s, done in started.items() if not done), run_totals=totals)
+                        open_steps=tuple(s for s, done in started.items() if not done), run_totals=totals,
+                        steps_finished=finished)
 
 
 class _RunLedger(UsageLedger):
@@ -380,10 +384,11 @@ class _Attempt:
         deadline = self.started_mono + spec.limits.time_limit_s - previous.consumed_s
         ctx = RunContext(spec=spec, paths=paths, task=info, instructions=instructions, sandbox=sandbox,
                          journal=self.journal, ledger=ledger, models=models, deadline=deadline,
-                         steps_done=previous.steps_started, hardware=hardware, selection_scorer=scorer)
+                         steps_done=previous.steps_finished, last_step=previous.steps_started, hardware=hardware,
+                         selection_scorer=scorer)
         self.journal.append("run_started" if attempt == 1 else "run_resumed", attempt=attempt, pid=os.getpid(),
                             host=socket.gethostname(), consumed_s=round(previous.consumed_s, 3),
-                            steps_done=previous.steps_started, sandbox=sandbox.kind, isolating=sandbox.isolating,
+                            steps_done=previous.steps_finished, sandbox=sandbox.kind, isolating=sandbox.isolating,
                             limits_mechanism=getattr(sandbox, "limits_mechanism", None), gpus=list(self.gpus),
                             rexmle_versions=spec.rexmle_versions, limits=self.limits.to_event(),
                             sandbox_user=None if sandbox.user is None else sandbox.user.name)
