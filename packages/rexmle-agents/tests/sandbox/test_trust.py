@@ -373,3 +373,40 @@ def test_the_unprivileged_user_can_use_tmp_and_shared_memory(world) -> None:
             "block.close(); block.unlink(); tempfile.NamedTemporaryFile(); print('ok')")
     result = get_sandbox("bwrap", world.spec()).run([sys.executable, "-c", code])
     assert result.ok and result.stdout_tail == "ok\n", result.stderr_tail
+
+
+def test_an_extra_bind_carries_a_unix_socket_in_and_nothing_else(world, tmp_path) -> None:
+    """How a model relay reaches agent code: a Unix socket bound in, while the network stays unshared."""
+    import socket
+    import threading
+
+    from rexmle_agents.sandbox import ExtraBind, SandboxSpec
+
+    folder = tmp_path / "relay"
+    folder.mkdir()
+    folder.chmod(0o755)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(folder / "relay.sock"))
+    (folder / "relay.sock").chmod(0o666)
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"pong:" + conn.recv(16))
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    spec = SandboxSpec(workspace=world.workspace, data=world.public, binds=(ExtraBind(folder, "/run/rexmle"),))
+    code = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/rexmle/relay.sock'); s.sendall(b'ping');"
+            " print(s.recv(64).decode()); open('/run/rexmle/x', 'w')")
+    result = get_sandbox("bwrap", spec).run([sys.executable, "-c", code], timeout_s=30)
+    server.close()
+    assert result.stdout_tail == "pong:ping\n", result.stderr_tail
+    assert "Read-only file system" in result.stderr_tail  # read-only unless asked for
+    with pytest.raises(SandboxError, match="must be an absolute path outside"):
+        get_sandbox("bwrap", SandboxSpec(workspace=world.workspace, data=world.public,
+                                         binds=(ExtraBind(folder, "/workspace/relay"),)))
+    with pytest.raises(SandboxError, match="would expose"):
+        get_sandbox("bwrap", SandboxSpec(workspace=world.workspace, data=world.public,
+                                         binds=(ExtraBind(world.data_root, "/run/data"),)))

@@ -20,6 +20,7 @@ from rexmle_agents.sandbox.base import (
     WORKING_DIRNAME,
     WORKSPACE,
     ExecResult,
+    ExtraBind,
     Sandbox,
     SandboxLimits,
     SandboxSpec,
@@ -41,7 +42,7 @@ _CHOICES_HINT = ("install bubblewrap (apt-get install -y bubblewrap), or choose 
 __all__ = [
     "AUTO", "DATA_DIRNAME", "SANDBOX_KINDS", "STOPPED_CANCELLED", "STOPPED_FILE_SIZE", "STOPPED_MEMORY",
     "STOPPED_PROCESSES", "STOPPED_TIMEOUT", "SUBMISSION_DIRNAME", "WORKING_DIRNAME", "WORKSPACE", "ApptainerSandbox",
-    "BwrapSandbox", "DockerSandbox", "ExecResult", "NoSandbox", "Sandbox", "SandboxLimits", "SandboxSpec",
+    "BwrapSandbox", "DockerSandbox", "ExecResult", "ExtraBind", "NoSandbox", "Sandbox", "SandboxLimits", "SandboxSpec",
     "default_sandbox_kind", "get_sandbox",
 ]
 

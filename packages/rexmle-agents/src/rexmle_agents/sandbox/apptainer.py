@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import shutil
 from collections.abc import Sequence
+from pathlib import Path
 
 from rexmle_agents.sandbox._container import container_env, require_image
 from rexmle_agents.sandbox.base import DATA_DIRNAME, WORKSPACE, Sandbox, SandboxSpec
@@ -54,6 +55,8 @@ class ApptainerSandbox(Sandbox):
         args += ["--bind", f"{spec.workspace.resolve()}:{WORKSPACE}:rw",
                  "--bind", f"{spec.data.resolve()}:{WORKSPACE}/{DATA_DIRNAME}:ro",
                  "--pwd", f"{WORKSPACE}/{spec.workdir}"]
+        for bind in spec.binds:
+            args += ["--bind", f"{Path(bind.host).resolve()}:{bind.inside}:{'rw' if bind.writable else 'ro'}"]
         for key, value in self.env.items():
             args += ["--env", f"{key}={value}"]
         return [*args, self.image, *argv]

@@ -52,6 +52,17 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
+class ExtraBind:
+    """A further host path the harness makes visible inside (e.g. the folder of a model relay's Unix socket, or an
+    external agent's own virtual environment), read-only unless ``writable``. It is checked like every mount: one
+    that would expose a task's private data is refused."""
+
+    host: Path
+    inside: str  # absolute path inside the sandbox (for ``none``: the host path itself is used)
+    writable: bool = False
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """Everything that defines one run's sandbox; the same spec gives the same sandbox (``rexmle sandbox exec``)."""
 
@@ -62,6 +73,7 @@ class SandboxSpec:
     workdir: str = WORKING_DIRNAME  # relative to the workspace: where commands start
     network: bool = False
     image: str | None = None  # apptainer / docker image
+    binds: tuple[ExtraBind, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,14 @@ def _check_spec(spec: SandboxSpec) -> None:
         if not Path(path).is_dir():
             raise SandboxError(f"the sandbox's {what} folder {path} does not exist",
                                hint="create the run folder first (the harness does) or pass an existing folder")
+    for bind in spec.binds:
+        if not Path(bind.host).exists():
+            raise SandboxError(f"the extra bind {bind.host} does not exist", hint="create it before the sandbox")
+        inside = PurePosixPath(bind.inside)
+        if not inside.is_absolute() or ".." in inside.parts or inside == PurePosixPath(WORKSPACE) \
+                or PurePosixPath(WORKSPACE) in inside.parents or inside.parts[1:2] in (("proc",), ("dev",)):
+            raise SandboxError(f"the extra bind's place inside, {bind.inside!r}, must be an absolute path outside "
+                               f"{WORKSPACE}, /proc and /dev", hint="e.g. /run/rexmle/relay")
     workdir = PurePosixPath(spec.workdir)
     if workdir.is_absolute() or ".." in workdir.parts:
         raise SandboxError(f"workdir must be a folder inside the workspace, got {spec.workdir!r}",

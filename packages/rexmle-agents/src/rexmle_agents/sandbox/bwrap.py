@@ -82,7 +82,8 @@ class BwrapSandbox(Sandbox):
         super().__init__(spec)
         self.view = environment.host_view(spec)  # refuses a spec that would expose private data
         if self.user is not None:
-            _check_readable_by_others([*self.view.ro_paths, spec.data], self.user.name)
+            _check_readable_by_others([*self.view.ro_paths, spec.data, *(Path(b.host) for b in spec.binds)],
+                                      self.user.name)
         self.gpus = gpu_binds(spec.limits.gpus) if spec.limits.gpus else ([], [], [])
         env = environment.sandbox_env(spec, workspace=WORKSPACE, tmpdir="/tmp", venv_bin=environment.venv_bin())
         if self.gpus[2]:  # the run's GPUs by UUID: the numbering of indices differs between tools
@@ -116,7 +117,7 @@ class BwrapSandbox(Sandbox):
             args += ["--symlink", target, link]
         # the folders leading to a bound tree (/root for a pyenv interpreter) are made traversable: bwrap would make
         # them 0700, closed to an unprivileged sandbox user
-        for folder in _ancestors(self.view.ro_paths):
+        for folder in _ancestors([*self.view.ro_paths, *(Path(b.inside) for b in spec.binds)]):
             args += ["--perms", "0755", "--dir", folder]
         for path in self.view.ro_paths:
             args += ["--ro-bind", str(path), str(path)]
@@ -140,6 +141,8 @@ class BwrapSandbox(Sandbox):
                 args += ["--tmpfs", path]
         args += ["--bind", str(spec.workspace.resolve()), WORKSPACE,
                  "--ro-bind", str(spec.data.resolve()), f"{WORKSPACE}/{DATA_DIRNAME}"]
+        for bind in spec.binds:
+            args += ["--bind" if bind.writable else "--ro-bind", str(Path(bind.host).resolve()), bind.inside]
         for path in self.view.hidden_files:
             args += ["--ro-bind", "/dev/null", str(path)]
         for path in self.view.hidden_dirs:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from rexmle_agents.sandbox import _process
 from rexmle_agents.sandbox._container import container_env, require_image
@@ -80,6 +81,8 @@ class DockerSandbox(Sandbox):
         args += ["-v", f"{spec.workspace.resolve()}:{WORKSPACE}:rw",
                  "-v", f"{spec.data.resolve()}:{WORKSPACE}/{DATA_DIRNAME}:ro",
                  "-w", f"{WORKSPACE}/{spec.workdir}"]
+        for bind in spec.binds:
+            args += ["-v", f"{Path(bind.host).resolve()}:{bind.inside}:{'rw' if bind.writable else 'ro'}"]
         env = dict(self.env)
         if limits.gpus:
             # Inside the container the engine renumbers the passed GPUs from 0.

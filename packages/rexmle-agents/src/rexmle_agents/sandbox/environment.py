@@ -176,6 +176,7 @@ def host_view(spec: SandboxSpec) -> HostView:
     symlinks, system = system_view()
     python = python_paths()
     mounted = [("workspace", spec.workspace), ("data view", spec.data)]
+    mounted += [("extra bind", Path(b.host)) for b in spec.binds]
     mounted += [("system folder", p) for p in system if p.is_dir()]
     mounted += [("Python environment", p) for p in python]
     check_nothing_forbidden(mounted, forbidden_data_dirs(data_roots(spec), spec.data.resolve()))
