@@ -113,3 +113,25 @@ def test_2d_images_become_the_family_channel_count(shape, channels: int, expecte
 
     image = _as_channels(np.arange(np.prod(shape)).reshape(shape).astype(np.uint16), channels)
     assert image.shape == expected and image.dtype == np.float32
+
+
+def test_a_stray_island_of_a_label_does_not_stretch_the_topcow_box(prepared, tmp_path: Path) -> None:
+    import json
+
+    from rexmle_baselines.convert import largest_component_per_label
+
+    task_id = "topcow-track1-task2"
+    prepared.public("topcow-track1-task1", cases=4)  # the label maps of the shared split
+    io = segmentation_io(task_id, task_id, prepared.public(task_id, cases=4))
+    gold = gold_predictions(io, prepared, task_id)
+    noisy = {}
+    for case_id, labels in gold.items():
+        noisy[case_id] = labels.copy()
+        value = int(labels.max())
+        noisy[case_id][0, 0, 0] = value  # an island of a present label far from the circle
+        assert np.array_equal(largest_component_per_label(noisy[case_id]), labels)
+    io.write_submission(gold, tmp_path / "gold")
+    io.write_submission(noisy, tmp_path / "noisy")
+    for case_id in gold:
+        boxes = [json.loads(next((tmp_path / name).rglob(f"{case_id}*")).read_text()) for name in ("gold", "noisy")]
+        assert boxes[0] == boxes[1]

@@ -61,3 +61,21 @@ def test_a_crop_that_the_network_cannot_halve_is_refused(prepared, tmp_path: Pat
     with pytest.raises(UserInputError, match="multiple of 4"):
         run_baseline("diffusion-enhance", TASK, public_dir=public, work_dir=tmp_path / "w",
                      overrides={"crop_size": 30})
+
+
+def test_the_sampler_keeps_residuals_beyond_one_since_they_span_minus_two_to_two() -> None:
+    pytest.importorskip("diffusers")
+    import torch
+    from diffusers import DDIMScheduler
+
+    from rexmle_baselines.enhance import DiffusionEnhance
+
+    _, scheduler = DiffusionEnhance().build(DiffusionEnhance.configs["quick"])
+    sampler = DDIMScheduler.from_config(scheduler.config)
+    assert scheduler.config.clip_sample_range == sampler.config.clip_sample_range == 2.0
+    sampler.set_timesteps(10)
+    strong = torch.full((1, 1, 4, 4), 1.6)  # dark speckle made bright: high - low = 1.6
+    step = sampler.step(strong, sampler.timesteps[-1], torch.zeros_like(strong), eta=0.0)
+    assert torch.allclose(step.pred_original_sample, strong)  # clipped to [-1, 1] it would come out as 1.0
+    assert float(sampler.step(torch.full_like(strong, 3.0), sampler.timesteps[-1], strong).pred_original_sample.max()) \
+        == 2.0

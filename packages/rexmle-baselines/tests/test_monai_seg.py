@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rexmle_baselines.api import run_baseline
@@ -90,3 +91,68 @@ def test_a_patch_size_the_network_cannot_halve_is_refused(prepared, tmp_path: Pa
     with pytest.raises(UserInputError, match="multiple of the network's stride 4"):
         run_baseline("monai-seg", "ravir", public_dir=public, work_dir=tmp_path / "w",
                      overrides={"patch_size_2d": (30, 64)})
+
+
+# ---- the cache, the grid and the augmentation, without training ------------------------------------------------
+def test_the_cache_holds_float16_images_and_uint8_labels_on_the_median_grid(prepared) -> None:
+    from rexmle_baselines.convert import segmentation_io
+    from rexmle_baselines.monai_seg import Grid, LoadCase, case_voxels, median_spacing
+
+    io = segmentation_io("seg_a", "seg_a", prepared.public("seg_a", cases=4))
+    cases = io.training_cases()
+    grid = Grid(median_spacing(io, cases))
+    assert grid.target is not None and len(grid.target) == 3
+    item = LoadCase(io, grid)({"case": cases[0]})
+    assert item["image"].dtype == np.float16 and item["label"].dtype == np.uint8
+    assert item["image"].shape[1:] == item["label"].shape[1:]
+    # 3 bytes a voxel with one channel, where float32 images and int64 labels took 12
+    assert item["image"].nbytes + item["label"].nbytes == 3 * item["label"].size
+    assert abs(item["label"].size - case_voxels(io, cases[0], grid)) <= 0.05 * item["label"].size
+
+
+def test_the_cache_takes_only_the_cases_its_memory_bound_holds() -> None:
+    from rexmle_baselines.monai_seg import cache_rate
+
+    topcow_like = [600 * 600 * 250] * 100  # 100 CTA volumes of 90 M voxels: 27 GB as float16 + uint8
+    assert cache_rate(topcow_like, 1, cache_gb=48.0) == 1.0
+    assert cache_rate(topcow_like, 1, cache_gb=8.0) == pytest.approx(8 * 2**30 / (sum(topcow_like) * 3))
+    assert cache_rate([], 1, cache_gb=1.0) == 1.0
+
+
+def test_predictions_go_back_to_the_test_grid_exactly() -> None:
+    from rexmle_baselines.monai_seg import resample, resample_to_shape
+
+    labels = np.zeros((10, 20, 30), dtype=np.uint8)
+    labels[2:5, 5:10, 10:20] = 3
+    zoomed = resample(labels[None], (2.0, 1.5, 0.8), order=0)[0]  # a finer median grid on two axes
+    back = resample_to_shape(zoomed, labels.shape)
+    assert back.shape == labels.shape and set(np.unique(back)) == {0, 3}
+    assert abs(int((back == 3).sum()) - int((labels == 3).sum())) < 0.2 * int((labels == 3).sum())
+
+
+def test_flips_stay_off_on_lateralised_tasks_and_epochs_follow_the_dataset_size() -> None:
+    from rexmle_baselines.monai_seg import planned_epochs, uses_flips
+
+    full = MonaiSegmentation.configs["full"]
+    assert uses_flips(full, lateralised=False) and not uses_flips(full, lateralised=True)
+    with pytest.raises(UserInputError, match="lateralised_labels"):
+        uses_flips({**full, "flips": "true"}, lateralised=True)
+    assert full["amp"] and full["crop"] == "classes" and full["resample"] == "median" and full["spatial_aug"]
+    assert planned_epochs(full, 20) > planned_epochs(full, 200) >= 100  # fewer cases, more epochs
+    assert planned_epochs(full, 100) == 400  # 40k steps at 100 steps an epoch
+    assert planned_epochs({**full, "epochs": "12"}, 100) == 12
+
+
+@pytest.mark.slow
+def test_the_gpu_recipe_runs_end_to_end_at_toy_size_on_a_cpu(prepared, tmp_path: Path) -> None:
+    """smoke's code path (SegResNet, median-spacing resampling and back, class-balanced crops, rotation/scaling,
+    flips, bounded cache) shrunk to run in seconds: it must write a valid submission."""
+    public = prepared.public("seg_a", cases=4)
+    lines: list[str] = []
+    run = run_baseline("monai-seg", "seg_a", public_dir=public, out=tmp_path / "sub", work_dir=tmp_path / "w",
+                       config="smoke", allow_cpu=True, log=lines.append,
+                       overrides={"patch_size_3d": (32, 32, 32), "init_filters": 4, "cache_gb": 0.0001,
+                                  "workers": 0, "sw_batch_size": 1})
+    assert run.valid, run.problems
+    assert run.params["crop"] == "classes" and run.params["resample"] == "median" and run.params["flips"] == "auto"
+    assert run.measurements["cache_rate"] < 1.0 and any("spacing" in line for line in lines)

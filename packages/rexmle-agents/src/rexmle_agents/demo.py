@@ -139,14 +139,16 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
         return run_specs(specs, runs_dir, executor="local", workers=workers, progress=progress)
 
 
-def baseline_name(task_id: str) -> str:
-    """The baseline the ``baseline`` agent runs on a task by default (the first that covers it)."""
+def baseline_name(task_id: str, config: str = "quick") -> str:
+    """The baseline the ``baseline`` agent runs on a task by default (the strongest installed one for ``config``)."""
     try:
-        from rexmle_baselines.base import baselines_for
+        from rexmle_baselines.base import preferred_baseline
     except ImportError:
         return "none: rexmle-baselines is not installed"
-    names = baselines_for(task_id)
-    return names[0] if names else "none covers this task"
+    try:
+        return preferred_baseline(task_id, config)
+    except RexmleError as exc:
+        return f"none: {exc.message}"
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ out = Path(os.environ["REXMLE_WORKSPACE"]) / "submission"
 def noise(path):
     image = tifffile.imread(path).astype(float)
     residual = image - ndimage.gaussian_filter(image, 2)
-    return float(np.log(np.median(np.abs(residual[image > -500]))))
+    return float(np.log(np.median(np.abs(residual[image > 0]))))
 
 rows = list(csv.DictReader((data / "train" / "labels.csv").open()))
 x = [noise(data / "train" / "images" / (r["image_id"] + ".tif")) for r in rows]

@@ -15,10 +15,13 @@ from typing import Any
 
 from rexmle_baselines.base import (
     CONFIGS,
+    DEFAULT_TIME_BUDGET_S,
     BaselineContext,
     baselines_for,
+    check_device_for_config,
     get_baseline,
     isolate_caches,
+    lateralised_labels,
     resolve_device,
     seed_everything,
 )
@@ -46,6 +49,13 @@ class BaselineRun:
     versions: dict[str, str]
     valid: bool
     problems: list[str] = field(default_factory=list)
+    time_budget_s: float | None = None
+    # measured by the run: seconds per optimiser step, epochs run, peak GPU memory, weights used (name -> sha256)
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu_hours(self) -> float:
+        return round(self.seconds / 3600, 4) if self.device == "cuda" else 0.0
 
 
 def package_versions() -> dict[str, str]:
@@ -106,14 +116,22 @@ def _public_dir(task_id: str, public_dir: Path | None, data_root: Path | None) -
 
 def run_baseline(name: str, task_id: str, *, public_dir: Path | None = None, data_root: Path | None = None,
                  out: Path | None = None, work_dir: Path | None = None, config: str = "quick",
-                 overrides: Mapping[str, Any] | None = None, device: str = "cpu", seed: int = 0,
-                 log: Callable[[str], None] | None = None) -> BaselineRun:
+                 overrides: Mapping[str, Any] | None = None, device: str = "auto", seed: int = 0,
+                 log: Callable[[str], None] | None = None, allow_cpu: bool = False,
+                 time_budget_s: float | None = None, resume: bool = False,
+                 weights_dir: Path | None = None) -> BaselineRun:
     """Run baseline ``name`` on ``task_id`` and validate its submission (public information only).
 
     ``public_dir`` given: only that folder is read (how the harness runs it inside a sandbox); otherwise the
     prepared task under ``data_root`` is used. ``out`` (default: a folder in the work folder) is emptied first;
-    ``work_dir`` (default: a temporary folder, removed afterwards) holds models and caches.
+    ``work_dir`` (default: a temporary folder, removed afterwards) holds models and caches. ``device`` ``auto``
+    takes the GPU when one is usable; a GPU-sized config (budget, full, smoke) on a CPU needs ``allow_cpu``.
+    ``time_budget_s``: the submission must be written within that many seconds (the ``budget`` config sizes its
+    training to it, 12 h when not given; other configs stop training early rather than overrun it). ``resume``:
+    continue the work already in ``work_dir`` (a run killed by an execution time limit) and keep ``out``'s
+    submission until a newer one replaces it. ``weights_dir``: the local weights cache (`fetch-weights`).
     """
+    started_at = time.monotonic()
     baseline = get_baseline(name)
     if config not in CONFIGS or config not in baseline.configs:
         raise UserInputError(f"unknown config {config!r} for baseline {name!r}",
@@ -130,7 +148,14 @@ def run_baseline(name: str, task_id: str, *, public_dir: Path | None = None, dat
         raise ConfigurationError(f"baseline {name!r} needs {', '.join(missing)}, which is not installed",
                                  hint=f"pip install 'rexmle-baselines[{baseline.extra}]' -c constraints.txt")
     device = resolve_device(device)
+    check_device_for_config(config, device, allow_cpu=allow_cpu)
     params = merge_params(baseline.configs[config], overrides)
+    if time_budget_s is None and params.get("time_aware"):
+        time_budget_s = DEFAULT_TIME_BUDGET_S
+    if time_budget_s is not None and time_budget_s <= 0:
+        raise UserInputError(f"the time budget must be positive, got {time_budget_s} s")
+    if resume and work_dir is None:
+        raise UserInputError("resuming needs the work folder of the earlier attempt", hint="pass --work-dir")
     say = log or (lambda line: None)
     temporary = None
     if work_dir is None:
@@ -143,14 +168,20 @@ def run_baseline(name: str, task_id: str, *, public_dir: Path | None = None, dat
         if not out.is_dir() or (any(out.iterdir()) and not (out / SUBMISSION_CSV).is_file()):
             raise UserInputError(f"--out {out} exists and does not hold a submission; refusing to empty it",
                                  hint="give a new folder, or one holding an earlier submission.csv")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+        if not resume:
+            shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
     try:
         isolate_caches(work_dir)
-        seed_everything(seed)
+        seed_everything(seed, deterministic=bool(params.get("deterministic", True)))
+        deadline = None if time_budget_s is None else started_at + float(time_budget_s)
         ctx = BaselineContext(task_id=task_id, grader_id=grader_id, public_dir=public_dir.resolve(), out_dir=out,
-                              work_dir=work_dir, config=config, params=params, device=device, seed=seed, log=say)
-        say(f"{name} ({config}) on {task_id}: device {device}, seed {seed}, params {params}")
+                              work_dir=work_dir, config=config, params=params, device=device, seed=seed, log=say,
+                              lateralised=lateralised_labels(task_id), deadline=deadline, resume=resume,
+                              weights_dir=weights_dir.resolve() if weights_dir else None)
+        say(f"{name} ({config}) on {task_id}: device {device}, seed {seed}, params {params}"
+            + ("" if time_budget_s is None else f", time budget {time_budget_s:.0f} s")
+            + (", lateralised labels (no mirroring)" if ctx.lateralised else "") + (", resuming" if resume else ""))
         started = time.perf_counter()
         baseline.run(ctx)
         seconds = time.perf_counter() - started
@@ -165,4 +196,5 @@ def run_baseline(name: str, task_id: str, *, public_dir: Path | None = None, dat
     say(f"submission {'valid' if report.ok else 'INVALID'} in {out} ({seconds:.1f} s)")
     return BaselineRun(name=name, task_id=task_id, config=config, params=params, seed=seed, device=device,
                        submission_dir=out, seconds=round(seconds, 2), versions=package_versions(), valid=report.ok,
-                       problems=list(report.problems))
+                       problems=list(report.problems), time_budget_s=time_budget_s,
+                       measurements=dict(ctx.measurements))

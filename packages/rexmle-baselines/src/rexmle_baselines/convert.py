@@ -13,7 +13,8 @@ polygons are rasterised per class. ``write_submission`` turns the predictions in
 * NeurIPS CellSeg: instances = connected components of the interior class grown into the boundary class
   (watershed on the distance to background);
 * PUMA nuclei: one polygon per connected component of each class, centred on its centroid;
-* TopCoW task 2: the bounding box of the predicted vessels widened by the median margin between the training
+* TopCoW task 2: the bounding box of the predicted vessels (each label reduced to its largest connected component
+  first, so that a stray island cannot stretch it) widened by the median margin between the training
   labels' box and the training ROI boxes (a box under half the training ROIs' median size on an axis, or no
   prediction at all, gives way to the training ROIs' median box at their median position relative to the image);
   task 3: the edge lists read from the predicted labels' adjacency (the same rule the task-1 grader applies to
@@ -270,7 +271,8 @@ class TopCowBoxIO(VolumeIO):
         super().write_submission(predictions, out_dir)
 
     def write_prediction(self, case: SegCase, prediction: np.ndarray, target: Path) -> None:
-        labels = self.task_label_map(case, prediction)
+        # each CoW label is one vessel segment: a stray island of it elsewhere would stretch the box
+        labels = largest_component_per_label(self.task_label_map(case, prediction))
         size = np.asarray(self.test_geometry(case).size)
         box = label_box(labels)
         if box is not None:
@@ -287,6 +289,24 @@ class TopCowBoxIO(VolumeIO):
             location = np.clip(np.round(self._roi_centre * size - extent / 2).astype(np.int64), 0, size - extent)
         target.write_text(json.dumps({"size": [int(v) for v in extent], "location": [int(v) for v in location]})
                           + "\n")
+
+
+def largest_component_per_label(labels: np.ndarray) -> np.ndarray:
+    """Each non-zero label reduced to its largest 26-connected (8 in 2-D) component; a label is never removed."""
+    from scipy import ndimage
+
+    kept = np.zeros_like(labels)
+    structure = np.ones((3,) * labels.ndim, dtype=bool)
+    for value in np.unique(labels):
+        if value == 0:
+            continue
+        components, count = ndimage.label(labels == value, structure=structure)
+        if count > 1:
+            sizes = np.bincount(components.ravel())[1:]
+            kept[components == int(np.argmax(sizes)) + 1] = value
+        else:
+            kept[components > 0] = value
+    return kept
 
 
 def label_box(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -7,7 +7,9 @@ grader's submission (8-bit greyscale PNGs of each test image's size).
   ``high - low`` with the low-quality image concatenated as a conditioning channel (SR3/Palette-style conditioning,
   residual target as in residual diffusion models), trained with a ``DDPMScheduler`` and sampled with
   deterministic DDIM. The network predicts the clean residual (``prediction_type="sample"``), so even a short run
-  stays close to the input instead of returning noise.
+  stays close to the input instead of returning noise. Both images lie in [-1, 1], so their difference spans
+  [-2, 2]: the schedulers clip predicted samples to that range (``clip_sample_range=2``), not to diffusers'
+  default [-1, 1], which would cut every strong correction in half.
 - ``unet-enhance``: the plain regression variant beside it, a MONAI ``BasicUNet`` trained with L1 on the same
   residual.
 
@@ -16,6 +18,7 @@ Training uses random crops; inference runs on the whole image, reflect-padded to
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +29,13 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
+    EpochPlan,
     adamw_cosine,
+    autocast,
     end_epoch,
-    isolate_caches,
+    prepare_run,
+    record_speed,
     register_baseline,
-    resolve_device,
-    seed_everything,
 )
 from rexmle_grade.errors import TaskDataMissingError, UserInputError, require_module
 from rexmle_grade.grader import TestManifest, get_grader
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
     import torch
 
 USENHANCE_GRADER = "usenhance"
+# high - low of two images in [-1, 1]
+RESIDUAL_RANGE = 2.0
 
 
 def _torch(extra: str) -> Any:
@@ -120,20 +126,26 @@ def train(step_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], model
     params = ctx.params
     epochs, steps = int(params["epochs"]), int(params["steps_per_epoch"])
     optimiser, schedule = adamw_cosine(model, params, epochs * steps)
+    plan = EpochPlan(ctx, epochs)
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
-    for epoch in range(1, epochs + 1):
+    epoch, started = 0, time.monotonic()
+    while epoch < plan.total:
+        epoch += 1
         total = 0.0
         for _ in range(steps):
             low, residual = random_crops(pairs, int(params["crop_size"]), int(params["batch_size"]), generator)
-            loss = step_loss(low.to(ctx.device), residual.to(ctx.device))
+            with autocast(ctx):
+                loss = step_loss(low.to(ctx.device), residual.to(ctx.device))
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             schedule.step()
             total += float(loss.detach())
-        last_finite = end_epoch(ctx, epoch, epochs, total / steps, last_finite)
+        last_finite = end_epoch(ctx, epoch, plan.total, total / steps, last_finite)
+        schedule.resize(plan.after_epoch() * steps)
+    record_speed(ctx, seconds=time.monotonic() - started, steps=epoch * steps)
 
 
 def write_enhanced(ctx: BaselineContext, enhance: Callable[[np.ndarray], np.ndarray]) -> None:
@@ -152,12 +164,6 @@ def write_enhanced(ctx: BaselineContext, enhance: Callable[[np.ndarray], np.ndar
     ctx.log(f"wrote {len(manifest.ids)} enhanced images")
 
 
-def _start(ctx: BaselineContext) -> None:
-    isolate_caches(ctx.work_dir)
-    resolve_device(ctx.device)
-    seed_everything(ctx.seed)
-
-
 def _check_crop(ctx: BaselineContext, multiple: int) -> None:
     if int(ctx.params["crop_size"]) % multiple:
         raise UserInputError(f"crop_size must be a multiple of {multiple} (the network's total stride), got "
@@ -172,17 +178,25 @@ class DiffusionEnhance(Baseline):
     requires: ClassVar[tuple[str, ...]] = ("torch", "diffusers")
     description: ClassVar[str] = ("diffusers conditional DDPM (UNet2DModel, low-quality image as conditioning "
                                   "channel, residual target, DDIM sampling) for USenhance")
+    _full: ClassVar[dict[str, Any]] = {
+        "block_out_channels": (64, 128, 256, 512), "layers_per_block": 2, "attention": True, "train_timesteps": 1000,
+        "inference_steps": 50, "crop_size": 256, "batch_size": 16, "epochs": 500, "steps_per_epoch": 100,
+        "lr": 1e-4, "weight_decay": 0.0, "amp": True, "deterministic": False, "time_aware": False,
+        "reserve_s": 1200.0}
     configs: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"block_out_channels": (16, 32, 32), "layers_per_block": 1, "attention": False,
-                  "train_timesteps": 1000, "inference_steps": 10, "crop_size": 64, "batch_size": 8, "epochs": 12,
-                  "steps_per_epoch": 8, "lr": 2e-3, "weight_decay": 0.0},
-        "full": {"block_out_channels": (64, 128, 256, 512), "layers_per_block": 2, "attention": True,
-                 "train_timesteps": 1000, "inference_steps": 50, "crop_size": 256, "batch_size": 16, "epochs": 500,
-                 "steps_per_epoch": 100, "lr": 1e-4, "weight_decay": 0.0},
+        "quick": {**_full, "block_out_channels": (16, 32, 32), "layers_per_block": 1, "attention": False,
+                  "inference_steps": 10, "crop_size": 64, "batch_size": 8, "epochs": 12, "steps_per_epoch": 8,
+                  "lr": 2e-3, "amp": False, "deterministic": True, "reserve_s": 0.0},
+        "budget": {**_full, "time_aware": True},
+        "full": _full,
+        "smoke": {**_full, "epochs": 1, "steps_per_epoch": 10, "reserve_s": 0.0},
     }
 
     def supports(self, task_id: str, grader_id: str) -> bool:
         return grader_id == USENHANCE_GRADER
+
+    def estimated_steps(self, params: Any, n_train: int) -> int | None:
+        return int(params["epochs"]) * int(params["steps_per_epoch"])
 
     def build(self, params: Any) -> tuple[Any, Any]:
         diffusers = require_module("diffusers", extra="diffusers", package="rexmle-baselines")
@@ -197,13 +211,14 @@ class DiffusionEnhance(Baseline):
             norm_num_groups=min(32, channels[0]),
         )
         scheduler = diffusers.DDPMScheduler(num_train_timesteps=int(params["train_timesteps"]),
-                                            prediction_type="sample", clip_sample=True)
+                                            prediction_type="sample", clip_sample=True,
+                                            clip_sample_range=RESIDUAL_RANGE)
         return model, scheduler
 
     def run(self, ctx: BaselineContext) -> None:
         torch = _torch(self.extra)
         diffusers = require_module("diffusers", extra=self.extra, package="rexmle-baselines")
-        _start(ctx)
+        prepare_run(ctx)
         model, scheduler = self.build(ctx.params)
         multiple = 2 ** (len(ctx.params["block_out_channels"]) - 1)
         _check_crop(ctx, multiple)
@@ -231,8 +246,9 @@ class DiffusionEnhance(Baseline):
             sample = torch.randn(condition.shape, generator=noise_generator, device=ctx.device)
             with torch.no_grad():
                 for t in sampler.timesteps:
-                    predicted = model(torch.cat([sample, condition], dim=1), t.to(ctx.device)).sample
-                    sample = sampler.step(predicted, t, sample, eta=0.0).prev_sample
+                    with autocast(ctx):
+                        predicted = model(torch.cat([sample, condition], dim=1), t.to(ctx.device)).sample
+                    sample = sampler.step(predicted.float(), t, sample, eta=0.0).prev_sample
             return sample[0, 0, :h, :w].float().cpu().numpy()
 
         write_enhanced(ctx, enhance)
@@ -245,20 +261,29 @@ class UNetEnhance(Baseline):
     extra: ClassVar[str] = "monai"
     requires: ClassVar[tuple[str, ...]] = ("torch", "monai")
     description: ClassVar[str] = "MONAI BasicUNet regressing the high-quality image from the low-quality one (L1)"
+    _full: ClassVar[dict[str, Any]] = {
+        "features": (32, 64, 128, 256, 512, 32), "crop_size": 256, "batch_size": 16, "epochs": 300,
+        "steps_per_epoch": 100, "lr": 2e-4, "weight_decay": 1e-5, "amp": True, "deterministic": False,
+        "time_aware": False, "reserve_s": 600.0}
     configs: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"features": (8, 16, 32, 64, 64, 8), "crop_size": 64, "batch_size": 8, "epochs": 15,
-                  "steps_per_epoch": 10, "lr": 2e-3, "weight_decay": 0.0},
-        "full": {"features": (32, 64, 128, 256, 512, 32), "crop_size": 256, "batch_size": 16, "epochs": 300,
-                 "steps_per_epoch": 100, "lr": 2e-4, "weight_decay": 1e-5},
+        "quick": {**_full, "features": (8, 16, 32, 64, 64, 8), "crop_size": 64, "batch_size": 8, "epochs": 15,
+                  "steps_per_epoch": 10, "lr": 2e-3, "weight_decay": 0.0, "amp": False, "deterministic": True,
+                  "reserve_s": 0.0},
+        "budget": {**_full, "time_aware": True},
+        "full": _full,
+        "smoke": {**_full, "epochs": 1, "steps_per_epoch": 10, "reserve_s": 0.0},
     }
 
     def supports(self, task_id: str, grader_id: str) -> bool:
         return grader_id == USENHANCE_GRADER
 
+    def estimated_steps(self, params: Any, n_train: int) -> int | None:
+        return int(params["epochs"]) * int(params["steps_per_epoch"])
+
     def run(self, ctx: BaselineContext) -> None:
         torch = _torch(self.extra)
         networks = require_module("monai.networks.nets", extra=self.extra, package="rexmle-baselines")
-        _start(ctx)
+        prepare_run(ctx)
         _check_crop(ctx, 16)  # BasicUNet pools four times
         model = networks.BasicUNet(spatial_dims=2, in_channels=1, out_channels=1,
                                    features=tuple(int(f) for f in ctx.params["features"]))
@@ -274,7 +299,7 @@ class UNetEnhance(Baseline):
 
         def enhance(low: np.ndarray) -> np.ndarray:
             h, w = low.shape
-            with torch.no_grad():
+            with torch.no_grad(), autocast(ctx):
                 x = torch.from_numpy(pad_to_multiple(low, 16))[None, None].to(ctx.device)
                 return model(x)[0, 0, :h, :w].float().cpu().numpy()
 

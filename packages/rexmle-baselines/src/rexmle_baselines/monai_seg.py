@@ -2,17 +2,31 @@
 
 Cases are read and the submission written through :func:`rexmle_baselines.convert.segmentation_io`, so the same
 pipeline serves semantic masks, cell instances, nuclei centroids and the TopCoW ROI-box and edge-list answers. The
-recipe is MONAI's usual one: per-case intensity normalisation (each channel clipped to its 0.5-99.5 percentiles,
-then z-scored), a ``CacheDataset`` of whole cases, random patches centred on foreground or background
-(``RandCropByPosNegLabeld``) with light intensity augmentation, ``DiceCELoss``, AdamW with a cosine schedule, and
-Gaussian-weighted ``sliding_window_inference`` on the whole test image. Nothing is flipped, since many tasks have
-left and right labels. Images are used on their own voxel grid (no resampling), so predictions land on the test
-image grid directly.
+recipe is MONAI's usual one (Auto3DSeg's SegResNet in ``full``):
+
+- 3-D volumes resampled to the training set's median spacing (``resample=median``; predictions go back to each test
+  image's own grid by nearest neighbour), 2-D images used as they are;
+- per-case intensity normalisation (each channel clipped to its 0.5-99.5 percentiles, then z-scored);
+- a bounded ``CacheDataset``: normalised images cached as float16 and labels as uint8 (3 bytes a voxel with one
+  channel instead of 12 with float32 and int64), and only as many cases as ``cache_gb`` holds (the others are read
+  again each epoch);
+- patches centred on foreground/background (``crop=pos_neg``) or on every class equally often (``crop=classes``,
+  so rare vessels are seen), random rotation and scaling, intensity scaling and shifting, and flips on every axis
+  unless the task's labels tell left from right (``flips=auto``);
+- ``DiceCELoss``, AdamW with a cosine schedule, bfloat16 mixed precision on a GPU (``amp``);
+- Gaussian-weighted ``sliding_window_inference``; on the vessel tasks (``keep_largest=auto``) MONAI's
+  ``KeepLargestConnectedComponent`` per label.
+
+``epochs=auto`` follows the dataset's size (a fixed number of optimiser steps, so a small dataset gets more epochs,
+as Auto3DSeg and nnU-Net do); the ``budget`` config fits that into the time budget.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -20,20 +34,23 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
+    EpochPlan,
     adamw_cosine,
+    autocast,
     end_epoch,
-    isolate_caches,
+    prepare_run,
+    record_speed,
     register_baseline,
-    resolve_device,
-    seed_everything,
 )
 from rexmle_baselines.convert import SegCase, SegmentationIO, segmentation_grader_ids, segmentation_io
 from rexmle_grade.errors import UserInputError, require_module
+from rexmle_grade.io import read_volume_geometry
 
 if TYPE_CHECKING:
     import torch
 
 NETWORKS = ("unet", "segresnet")
+CROPS = ("pos_neg", "classes")
 
 
 def normalise(image: np.ndarray) -> np.ndarray:
@@ -46,19 +63,96 @@ def normalise(image: np.ndarray) -> np.ndarray:
     return out
 
 
+# ---- geometry: the median spacing ------------------------------------------------------------------------------
+def numpy_spacing(io: SegmentationIO, case: SegCase) -> tuple[float, ...] | None:
+    """Voxel spacing in numpy axis order (z, y, x) of a 3-D case; None for 2-D images."""
+    if io.dim != 3:
+        return None
+    geometry = read_volume_geometry(case.channels[0], what="image")[0]
+    return tuple(float(v) for v in reversed(geometry.spacing))
+
+
+def median_spacing(io: SegmentationIO, cases: Sequence[SegCase]) -> tuple[float, ...] | None:
+    spacings = [numpy_spacing(io, case) for case in cases]
+    if not spacings or spacings[0] is None:
+        return None
+    return tuple(float(v) for v in np.median(np.asarray(spacings), axis=0))
+
+
+def resample(array: np.ndarray, factors: Sequence[float], *, order: int) -> np.ndarray:
+    """Zoom the spatial axes (all but the first) of a channels-first array by ``factors``."""
+    from scipy import ndimage
+
+    if all(abs(f - 1.0) < 1e-3 for f in factors):
+        return array
+    return np.stack([ndimage.zoom(channel, factors, order=order, mode="nearest", grid_mode=False)
+                     for channel in array])
+
+
+def resample_to_shape(labels: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """A label map (spatial axes only) resampled by nearest neighbour to exactly ``shape``."""
+    if tuple(labels.shape) == tuple(shape):
+        return labels
+    index = np.ix_(*[np.minimum((np.arange(n) * (m / n)).astype(np.int64), m - 1)
+                     for n, m in zip(shape, labels.shape, strict=True)])
+    return labels[index]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Where the network works: the target spacing (None: each image's own grid)."""
+
+    target: tuple[float, ...] | None
+
+    def factors(self, io: SegmentationIO, case: SegCase) -> tuple[float, ...] | None:
+        spacing = numpy_spacing(io, case)
+        if self.target is None or spacing is None:
+            return None
+        return tuple(s / t for s, t in zip(spacing, self.target, strict=True))
+
+
+# ---- the cache ------------------------------------------------------------------------------------------------------
 class LoadCase:
     """Deterministic first step of the training transforms (so ``CacheDataset`` caches its output): a case's
-    normalised image and its training label map with a channel axis."""
+    normalised image as float16 and its training label map as uint8, both with a channel axis, on the network's
+    grid."""
 
-    def __init__(self, io: SegmentationIO) -> None:
+    def __init__(self, io: SegmentationIO, grid: Grid) -> None:
         self.io = io
+        self.grid = grid
 
     def __call__(self, item: Mapping[str, Any]) -> dict[str, np.ndarray]:
         case: SegCase = item["case"]
         image, _ = self.io.read_image(case)
-        return {"image": normalise(image), "label": self.io.read_label(case)[None].astype(np.int64)}
+        label = self.io.read_label(case)[None]
+        factors = self.grid.factors(self.io, case)
+        image = normalise(image)
+        if factors is not None:
+            image = resample(image, factors, order=1)
+            label = resample(label, factors, order=0)
+        return {"image": image.astype(np.float16), "label": label.astype(np.uint8)}
 
 
+def case_voxels(io: SegmentationIO, case: SegCase, grid: Grid) -> int:
+    """Voxels of a case on the network's grid, from its header (3-D) or its pixels (2-D)."""
+    if io.dim == 3:
+        size = read_volume_geometry(case.channels[0], what="image")[0].size
+        factors = grid.factors(io, case) or (1.0,) * len(size)
+        return int(np.prod([n * f for n, f in zip(reversed(size), factors, strict=True)]))
+    image, _ = io.read_image(case)
+    return int(np.prod(image.shape[1:]))
+
+
+def cache_rate(voxels: Sequence[int], channels: int, cache_gb: float) -> float:
+    """The fraction of cases ``CacheDataset`` may keep: each cached voxel costs 2 bytes per channel (float16) and
+    1 for its label (uint8)."""
+    total = sum(voxels) * (2 * channels + 1)
+    if total <= 0:
+        return 1.0
+    return float(min(1.0, max(0.0, cache_gb * 2**30 / total)))
+
+
+# ---- the network --------------------------------------------------------------------------------------------------
 def patch_size(params: Mapping[str, Any], dim: int) -> tuple[int, ...]:
     size = tuple(int(v) for v in params[f"patch_size_{dim}d"])
     if len(size) != dim:
@@ -107,22 +201,74 @@ def keeps_largest_component(params: Mapping[str, Any], grader_id: str, n_labels:
     return transforms.KeepLargestConnectedComponent(applied_labels=list(range(1, n_labels)), independent=True)
 
 
-def training_loader(io: SegmentationIO, cases: Sequence[SegCase], patch: tuple[int, ...], ctx: BaselineContext) -> Any:
+def uses_flips(params: Mapping[str, Any], *, lateralised: bool) -> bool:
+    """``flips``: auto (on unless the labels are lateralised), true (refused on a lateralised task) or false."""
+    value = str(params["flips"]).lower()
+    if value not in ("auto", "true", "false"):
+        raise UserInputError(f"flips must be auto, true or false, got {params['flips']!r}", hint="--set flips=auto")
+    if value == "true" and lateralised:
+        raise UserInputError("flips=true on a task whose labels tell left from right (lateralised_labels): a flipped "
+                             "image would swap them", hint="--set flips=auto (off on such tasks)")
+    return value == "true" or (value == "auto" and not lateralised)
+
+
+def planned_epochs(params: Mapping[str, Any], n_cases: int) -> int:
+    """``epochs``, or with ``auto`` the epochs that give about ``target_steps`` optimiser steps on this many cases
+    (within ``epochs_range``): the smaller the dataset, the more epochs."""
+    value = str(params["epochs"]).lower()
+    if value != "auto":
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise UserInputError(f"epochs must be a number or auto, got {params['epochs']!r}") from None
+    steps_per_epoch = math.ceil(n_cases * int(params["samples_per_case"]) / int(params["batch_size"]))
+    low, high = (int(v) for v in params["epochs_range"])
+    return int(np.clip(round(int(params["target_steps"]) / max(1, steps_per_epoch)), low, high))
+
+
+def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, ctx: BaselineContext) -> Any:
     monai = require_module("monai", extra="monai", package="rexmle-baselines")
-    torch = require_module("torch", extra="monai", package="rexmle-baselines")
     t = monai.transforms
     params = ctx.params
     keys = ["image", "label"]
-    transforms = t.Compose([
-        LoadCase(io),
-        t.SpatialPadd(keys=keys, spatial_size=patch),
-        t.RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=patch, pos=float(params["pos_ratio"]),
-                                 neg=1.0, num_samples=int(params["samples_per_case"])),
-        t.RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
-        t.RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5),
-    ]).set_random_state(seed=ctx.seed)
-    dataset = monai.data.CacheDataset([{"case": c} for c in cases], transform=transforms,
-                                      cache_rate=float(params["cache_rate"]), num_workers=0, progress=False)
+    crop = str(params["crop"])
+    if crop not in CROPS:
+        raise UserInputError(f"crop must be one of {', '.join(CROPS)}, got {crop!r}", hint="--set crop=classes")
+    samples = int(params["samples_per_case"])
+    if crop == "classes":  # every class (background included) equally often as a patch centre
+        cropper = t.RandCropByLabelClassesd(keys=keys, label_key="label", spatial_size=patch,
+                                            num_classes=len(io.labels), ratios=[1.0] * len(io.labels),
+                                            num_samples=samples, warn=False)
+    else:
+        cropper = t.RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=patch,
+                                           pos=float(params["pos_ratio"]), neg=1.0, num_samples=samples)
+    steps = [LoadCase(io, grid), t.SpatialPadd(keys=keys, spatial_size=patch), cropper,
+             t.CastToTyped(keys=keys, dtype=(np.float32, np.int64))]
+    if params["spatial_aug"]:
+        angle = 0.26  # 15 degrees
+        steps.append(t.RandAffined(keys=keys, prob=0.2, rotate_range=(angle,) * (1 if io.dim == 2 else 3),
+                                   scale_range=(0.15,) * io.dim, mode=("bilinear", "nearest"),
+                                   padding_mode="border"))
+    if uses_flips(params, lateralised=ctx.lateralised):
+        steps += [t.RandFlipd(keys=keys, prob=0.5, spatial_axis=axis) for axis in range(io.dim)]
+    steps += [t.RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
+              t.RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5)]
+    return t.Compose(steps).set_random_state(seed=ctx.seed)
+
+
+def training_loader(io: SegmentationIO, cases: Sequence[SegCase], patch: tuple[int, ...], grid: Grid,
+                    in_channels: int, ctx: BaselineContext) -> Any:
+    monai = require_module("monai", extra="monai", package="rexmle-baselines")
+    torch = require_module("torch", extra="monai", package="rexmle-baselines")
+    params = ctx.params
+    rate = min(float(params["cache_rate"]),
+               cache_rate([case_voxels(io, c, grid) for c in cases], in_channels, float(params["cache_gb"])))
+    ctx.measurements["cache_rate"] = round(rate, 4)
+    if rate < 1.0:
+        ctx.log(f"caching {rate:.0%} of the training cases (cache_gb={params['cache_gb']}); the rest are read each "
+                "epoch")
+    dataset = monai.data.CacheDataset([{"case": c} for c in cases], transform=training_transforms(io, patch, grid, ctx),
+                                      cache_rate=rate, num_workers=0, progress=False)
     return monai.data.DataLoader(dataset, batch_size=int(params["batch_size"]), shuffle=True,
                                  num_workers=int(params["workers"]), collate_fn=monai.data.list_data_collate,
                                  generator=torch.Generator().manual_seed(ctx.seed))
@@ -133,31 +279,40 @@ class MonaiSegmentation(Baseline):
     name: ClassVar[str] = "monai-seg"
     extra: ClassVar[str] = "monai"
     requires: ClassVar[tuple[str, ...]] = ("torch", "monai", "SimpleITK")
-    description: ClassVar[str] = ("MONAI UNet/SegResNet, DiceCE on foreground-weighted patches, sliding-window "
-                                  "inference; 2-D and 3-D segmentation through the shared converters")
+    description: ClassVar[str] = ("MONAI UNet/SegResNet, DiceCE on foreground-weighted or class-balanced patches, "
+                                  "sliding-window inference; 2-D and 3-D segmentation through the shared converters")
+    _full: ClassVar[dict[str, Any]] = {
+        "network": "segresnet", "channels": (32, 64, 128, 256, 320), "strides": (2, 2, 2, 2), "num_res_units": 2,
+        "init_filters": 32, "blocks_down": (1, 2, 2, 4), "patch_size_2d": (512, 512), "patch_size_3d": (128, 128, 128),
+        "samples_per_case": 2, "pos_ratio": 1.0, "crop": "classes", "batch_size": 2, "epochs": "auto",
+        "target_steps": 40000, "epochs_range": (100, 1000), "lr": 2e-4, "weight_decay": 1e-5, "overlap": 0.5,
+        "sw_batch_size": 2, "cache_rate": 1.0, "cache_gb": 48.0, "workers": 4, "keep_largest": "auto",
+        "resample": "median", "spatial_aug": True, "flips": "auto", "amp": True, "deterministic": False,
+        "time_aware": False, "reserve_s": 1800.0}
     configs: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"network": "unet", "channels": (8, 16, 32), "strides": (2, 2), "num_res_units": 1,
-                  "init_filters": 8, "blocks_down": (1, 2, 2), "patch_size_2d": (64, 64),
-                  "patch_size_3d": (32, 32, 32), "samples_per_case": 2, "pos_ratio": 2.0, "batch_size": 4,
-                  "epochs": 40, "lr": 3e-3, "weight_decay": 1e-5, "overlap": 0.25, "sw_batch_size": 4,
-                  "cache_rate": 1.0, "workers": 0, "keep_largest": "auto"},
-        "full": {"network": "segresnet", "channels": (32, 64, 128, 256, 320), "strides": (2, 2, 2, 2),
-                 "num_res_units": 2, "init_filters": 32, "blocks_down": (1, 2, 2, 4), "patch_size_2d": (512, 512),
-                 "patch_size_3d": (128, 128, 128), "samples_per_case": 2, "pos_ratio": 1.0, "batch_size": 2,
-                 "epochs": 300, "lr": 2e-4, "weight_decay": 1e-5, "overlap": 0.5, "sw_batch_size": 2,
-                 "cache_rate": 1.0, "workers": 4, "keep_largest": "auto"},
+        # CPU minutes: a small UNet on small patches, no spatial augmentation, each image on its own grid
+        "quick": {**_full, "network": "unet", "channels": (8, 16, 32), "strides": (2, 2), "num_res_units": 1,
+                  "init_filters": 8, "blocks_down": (1, 2, 2), "patch_size_2d": (64, 64), "patch_size_3d": (32, 32, 32),
+                  "pos_ratio": 2.0, "crop": "pos_neg", "batch_size": 4, "epochs": 40, "lr": 3e-3, "overlap": 0.25,
+                  "sw_batch_size": 4, "cache_gb": 4.0, "workers": 0, "resample": "none", "spatial_aug": False,
+                  "flips": "false", "amp": False, "deterministic": True, "reserve_s": 0.0},
+        # full's recipe with its epochs fitted into the time budget
+        "budget": {**_full, "time_aware": True},
+        "full": _full,
+        "smoke": {**_full, "epochs": 1, "cache_gb": 8.0, "reserve_s": 0.0},
     }
 
     def supports(self, task_id: str, grader_id: str) -> bool:
         return grader_id in segmentation_grader_ids()
 
+    def estimated_steps(self, params: Mapping[str, Any], n_train: int) -> int | None:
+        per_epoch = math.ceil(n_train * int(params["samples_per_case"]) / int(params["batch_size"]))
+        return planned_epochs(params, n_train) * per_epoch
+
     def run(self, ctx: BaselineContext) -> None:
-        torch = require_module("torch", extra=self.extra, package="rexmle-baselines")
+        require_module("torch", extra=self.extra, package="rexmle-baselines")
         losses = require_module("monai.losses", extra=self.extra, package="rexmle-baselines")
-        inferers = require_module("monai.inferers", extra=self.extra, package="rexmle-baselines")
-        isolate_caches(ctx.work_dir)
-        resolve_device(ctx.device)
-        seed_everything(ctx.seed)
+        prepare_run(ctx)
         params = ctx.params
         io = segmentation_io(ctx.task_id, ctx.grader_id, ctx.public_dir)
         patch = patch_size(params, io.dim)
@@ -165,36 +320,59 @@ class MonaiSegmentation(Baseline):
         if any(p % stride for p in patch):
             raise UserInputError(f"patch size {list(patch)} is not a multiple of the network's stride {stride}",
                                  hint=f"--set patch_size_{io.dim}d=... with multiples of {stride}")
+        if str(params["resample"]) not in ("median", "none"):
+            raise UserInputError(f"resample must be median or none, got {params['resample']!r}")
+        uses_flips(params, lateralised=ctx.lateralised)  # refuse a bad setting before any work
         cases = io.training_cases()
+        grid = Grid(median_spacing(io, cases) if params["resample"] == "median" else None)
         in_channels = len(io.read_image(cases[0])[0])
         model = build_network(params, io.dim, in_channels, len(io.labels)).to(ctx.device)
+        epochs = planned_epochs(params, len(cases))
         ctx.log(f"{len(cases)} training cases, {io.dim}-D, {in_channels} channel(s), {len(io.labels)} labels; "
                 f"{params['network']} with {sum(p.numel() for p in model.parameters()):,} parameters, "
-                f"patch {list(patch)}")
-        loader = training_loader(io, cases, patch, ctx)
+                f"patch {list(patch)}, up to {epochs} epochs"
+                + ("" if grid.target is None else f", spacing {[round(v, 3) for v in grid.target]} (z, y, x)"))
+        loader = training_loader(io, cases, patch, grid, in_channels, ctx)
         loss_fn = losses.DiceCELoss(to_onehot_y=True, softmax=True)
-        epochs = int(params["epochs"])
         optimiser, schedule = adamw_cosine(model, params, epochs)
+        plan = EpochPlan(ctx, epochs)
         last_finite: float | None = None
-        for epoch in range(1, epochs + 1):
+        epoch, steps, started = 0, 0, time.monotonic()
+        while epoch < plan.total:
+            epoch += 1
             model.train()
             total, batches = 0.0, 0
             for batch in loader:
-                loss = loss_fn(model(batch["image"].to(ctx.device)), batch["label"].to(ctx.device))
+                with autocast(ctx):
+                    loss = loss_fn(model(batch["image"].to(ctx.device)), batch["label"].to(ctx.device))
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
                 optimiser.step()
                 total += float(loss.detach())
                 batches += 1
-            last_finite = end_epoch(ctx, epoch, epochs, total / max(1, batches), last_finite)
+            steps += batches
+            last_finite = end_epoch(ctx, epoch, plan.total, total / max(1, batches), last_finite)
+            schedule.resize(plan.after_epoch())
             schedule.step()
+        record_speed(ctx, seconds=time.monotonic() - started, steps=steps)
+        self.predict(ctx, io, model, patch, grid)
+
+    def predict(self, ctx: BaselineContext, io: SegmentationIO, model: Any, patch: tuple[int, ...], grid: Grid) -> None:
+        torch = require_module("torch", extra=self.extra, package="rexmle-baselines")
+        inferers = require_module("monai.inferers", extra=self.extra, package="rexmle-baselines")
+        params = ctx.params
         model.eval()
         keep_largest = keeps_largest_component(params, ctx.grader_id, len(io.labels))
         predictions: dict[str, np.ndarray] = {}
         for case in io.test_cases():
             image, _ = io.read_image(case)
-            inputs = torch.from_numpy(normalise(image))[None].to(ctx.device)
-            with torch.no_grad():
+            shape = image.shape[1:]
+            factors = grid.factors(io, case)
+            normalised = normalise(image)
+            if factors is not None:
+                normalised = resample(normalised, factors, order=1)
+            inputs = torch.from_numpy(normalised)[None].to(ctx.device)
+            with torch.no_grad(), autocast(ctx):
                 logits = inferers.sliding_window_inference(inputs, roi_size=patch,
                                                            sw_batch_size=int(params["sw_batch_size"]),
                                                            predictor=model, overlap=float(params["overlap"]),
@@ -202,6 +380,7 @@ class MonaiSegmentation(Baseline):
             labels = logits.argmax(dim=1)
             if keep_largest is not None:
                 labels = keep_largest(labels)
-            predictions[case.case_id] = labels[0].cpu().numpy().astype(np.uint8)
+            predictions[case.case_id] = resample_to_shape(labels[0].cpu().numpy().astype(np.uint8), shape)
         io.write_submission(predictions, ctx.out_dir)
         ctx.log(f"wrote predictions for {len(predictions)} test cases")
+        record_speed(ctx, seconds=0.0, steps=0)

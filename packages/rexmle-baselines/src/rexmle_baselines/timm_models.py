@@ -1,10 +1,15 @@
 """timm image-level baselines: ``timm-regress`` (LDCT-IQA quality score) and ``timm-cls`` (TopCoW task-3 variants).
 
-Both build a timm backbone from its config (``pretrained=False``; a ``pretrained`` parameter names a local
-checkpoint file, never a hub id), train it on the public training images and write the grader's submission.
+Both build a timm backbone from its config and train it on the public training images. ``pretrained`` names
+ImageNet weights of the local weights cache (``resnet50.tv2_in1k``, fetched beforehand with `rexmle baselines
+fetch-weights`; the default of ``budget`` and ``full``) or a local file; nothing is downloaded during a run. With
+``folds`` > 1 one model is trained per cross-validation fold (each leaving a fold out) and their predictions are
+averaged, as the LDCT-IQA winner ensembled five folds.
 
-- ``timm-regress`` regresses the radiologists' score of a CT slice from the slice itself (one channel, a soft-tissue
-  HU window, no resizing, since resampling would smear the noise the score is about).
+- ``timm-regress`` regresses the radiologists' score of a CT slice from the slice itself (one channel, no
+  resizing, since resampling would smear the noise the score is about). The released slices are already windowed
+  to [0, 1] (see :mod:`rexmle_tasks.families.ldct`); only slices in Hounsfield units are put through the
+  soft-tissue window (:func:`ct_to_unit`), never both.
 - ``timm-cls`` answers TopCoW task 3 (which of the 4 anterior and 4 posterior Circle-of-Willis segments exist) as a
   plain multi-label image classifier on three maximum-intensity projections of the volume (axial, coronal,
   sagittal MIPs stacked as channels). Images are never flipped: left and right segments are different labels.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,14 +29,15 @@ import numpy as np
 from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
+    EpochPlan,
     adamw_cosine,
+    autocast,
     end_epoch,
-    isolate_caches,
+    prepare_run,
+    record_speed,
     register_baseline,
-    resolve_device,
-    seed_everything,
 )
-from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError, UserInputError, require_module
+from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError, require_module
 from rexmle_grade.grader import TestManifest, get_grader, write_submission_csv
 from rexmle_grade.graders.topcow import EDGE_KEYS, parse_edges, read_edge_document
 from rexmle_grade.io import read_image_2d
@@ -40,8 +47,13 @@ if TYPE_CHECKING:
 
 LDCT_GRADER = "ldct-iqa"
 TOPCOW_EDGE_GRADERS = ("topcow-track1-task3", "topcow-track2-task3")
-# HU window of the inputs: abdominal soft tissue, where the rated noise and streaks show
+# HU window for slices given in Hounsfield units: abdominal soft tissue (level 40, width 400), where the rated noise
+# and streaks show
 HU_WINDOW = (-160.0, 240.0)
+# a slice whose values all lie in [0, 1] (give or take float rounding) is windowed already, as released
+UNIT_RANGE_TOLERANCE = 1e-3
+# inputs in [0, 1] are centred like ImageNet's grey level, which the pretrained first convolution expects
+GREY_MEAN, GREY_STD = 0.449, 0.226
 
 
 def _torch_and_timm() -> tuple[Any, Any]:
@@ -50,69 +62,113 @@ def _torch_and_timm() -> tuple[Any, Any]:
     return torch, timm
 
 
-def create_backbone(params: Mapping[str, Any], *, in_chans: int, num_classes: int) -> torch.nn.Module:
-    """A timm model built from its config; ``params['pretrained']`` may name a local weights file."""
+def create_backbone(params: Mapping[str, Any], *, in_chans: int, num_classes: int,
+                    ctx: BaselineContext | None = None) -> torch.nn.Module:
+    """A timm model built from its config; ``params['pretrained']`` may name weights of the local cache or a local
+    file (timm adapts the first convolution to ``in_chans`` and drops a classifier of another size). The weights
+    used are recorded in ``ctx.measurements['weights']``."""
     _, timm = _torch_and_timm()
-    weights = params.get("pretrained")
-    if weights:
-        path = Path(str(weights))
-        if not path.is_file():
-            raise UserInputError(f"pretrained weights {str(path)!r} do not exist",
-                                 hint="pass a local checkpoint file (--set pretrained=/path/model.safetensors); "
-                                      "weights are never downloaded")
-        return timm.create_model(str(params["model"]), pretrained=True, in_chans=in_chans, num_classes=num_classes,
-                                 pretrained_cfg_overlay={"file": str(path)})
-    return timm.create_model(str(params["model"]), pretrained=False, in_chans=in_chans, num_classes=num_classes)
+    from rexmle_baselines.weights import resolve_weights
+
+    value = params.get("pretrained")
+    if not value:
+        return timm.create_model(str(params["model"]), pretrained=False, in_chans=in_chans, num_classes=num_classes)
+    weights = resolve_weights(value, ctx.weights_dir if ctx else None, architecture=str(params["model"]))
+    if ctx is not None:
+        ctx.measurements.setdefault("weights", {})[weights.name] = weights.sha256
+        ctx.log(f"{params['model']} starts from the weights {weights.name} (sha256 {weights.sha256[:16]}...)")
+    return timm.create_model(str(params["model"]), pretrained=True, in_chans=in_chans, num_classes=num_classes,
+                             pretrained_cfg_overlay={"file": str(weights.path)})
 
 
 def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ctx: BaselineContext,
-        augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-    """AdamW with a cosine schedule over ``epochs``; the mean epoch loss is checked for divergence."""
+        augment: Callable[[torch.Tensor], torch.Tensor] | None = None, *, phases: int = 1, what: str = "") -> None:
+    """AdamW with a cosine schedule over ``epochs`` (fitted to the time budget where the config is time-aware);
+    the mean epoch loss is checked for divergence."""
     torch, _ = _torch_and_timm()
     params = ctx.params
     epochs, batch_size = int(params["epochs"]), int(params["batch_size"])
     optimiser, schedule = adamw_cosine(model, params, epochs)
+    plan = EpochPlan(ctx, epochs, phases=phases, what=what)
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
-    for epoch in range(1, epochs + 1):
+    epoch, steps, started = 0, 0, time.monotonic()
+    while epoch < plan.total:
+        epoch += 1
         order = torch.randperm(len(inputs), generator=generator)
         total = 0.0
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
-            x = inputs[batch].to(ctx.device)
+            x = inputs[batch].to(ctx.device).float()
             x = augment(x) if augment is not None else x
-            loss = loss_fn(model(x), targets[batch].to(ctx.device))
+            with autocast(ctx):
+                output = model((x - GREY_MEAN) / GREY_STD)
+            loss = loss_fn(output.float(), targets[batch].to(ctx.device))
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             total += float(loss.detach()) * len(batch)
-        last_finite = end_epoch(ctx, epoch, epochs, total / len(inputs), last_finite)
+            steps += 1
+        last_finite = end_epoch(ctx, epoch, plan.total, total / len(inputs), last_finite, what=what)
+        schedule.resize(plan.after_epoch())
         schedule.step()
+    record_speed(ctx, seconds=time.monotonic() - started, steps=steps, what=what.strip(" ,") or "model")
 
 
 def predict(model: torch.nn.Module, inputs: torch.Tensor, ctx: BaselineContext) -> np.ndarray:
     torch, _ = _torch_and_timm()
     model.eval()
     outputs = []
-    with torch.no_grad():
-        for start in range(0, len(inputs), int(ctx.params["batch_size"])):
-            outputs.append(model(inputs[start:start + int(ctx.params["batch_size"])].to(ctx.device)).float().cpu())
+    size = int(ctx.params["batch_size"])
+    with torch.no_grad(), autocast(ctx):
+        for start in range(0, len(inputs), size):
+            batch = inputs[start:start + size].to(ctx.device).float()
+            outputs.append(model((batch - GREY_MEAN) / GREY_STD).float().cpu())
     return torch.cat(outputs).numpy()
 
 
-def _prepare_run(ctx: BaselineContext) -> None:
-    isolate_caches(ctx.work_dir)
-    resolve_device(ctx.device)
-    seed_everything(ctx.seed)
+def fold_indices(n: int, folds: int, seed: int) -> list[np.ndarray]:
+    """Training indices of each of ``folds`` cross-validation folds (one fold: every case)."""
+    if folds <= 1:
+        return [np.arange(n)]
+    order = np.random.default_rng(seed).permutation(n)
+    return [np.setdiff1d(order, part) for part in np.array_split(order, folds)]
+
+
+def ensemble(ctx: BaselineContext, train: Callable[[np.ndarray, int, str], torch.nn.Module],
+             test_inputs: torch.Tensor, n_train: int) -> np.ndarray:
+    """One model per fold (``train(indices, phases_left, label)``), their test predictions averaged."""
+    folds = max(1, int(ctx.params["folds"]))
+    outputs = []
+    for k, indices in enumerate(fold_indices(n_train, folds, ctx.seed)):
+        label = f"fold {k}, " if folds > 1 else ""
+        outputs.append(predict(train(indices, folds - k, label), test_inputs, ctx))
+    ctx.measurements["models_in_ensemble"] = len(outputs)
+    return np.mean(outputs, axis=0)
+
+
+def ensemble_steps(params: Mapping[str, Any], n_train: int) -> int:
+    folds = max(1, int(params["folds"]))
+    per_model = n_train * (folds - 1) // folds if folds > 1 else n_train
+    return folds * int(params["epochs"]) * -(-per_model // int(params["batch_size"]))
 
 
 # ---- timm-regress: LDCT-IQA ---------------------------------------------------------------------------------------
-def read_ldct_slice(path: Path) -> np.ndarray:
+def ct_to_unit(values: np.ndarray) -> np.ndarray:
+    """A CT slice as [0, 1] float32: a slice already in [0, 1] (the release's windowed slices) is kept as it is;
+    anything else is taken as Hounsfield units and put through the soft-tissue window. Windowing an already
+    windowed slice would squeeze it into a few thousandths of the range (about a dozen grey levels under TF32)."""
+    values = np.asarray(values, dtype=np.float32)
+    if values.size and values.min() >= -UNIT_RANGE_TOLERANCE and values.max() <= 1 + UNIT_RANGE_TOLERANCE:
+        return np.clip(values, 0.0, 1.0)
     low, high = HU_WINDOW
-    hu = read_image_2d(path, what="CT slice").astype(np.float32)
-    return (np.clip(hu, low, high) - low) / (high - low)
+    return (np.clip(values, low, high) - low) / (high - low)
+
+
+def read_ldct_slice(path: Path) -> np.ndarray:
+    return ct_to_unit(read_image_2d(path, what="CT slice"))
 
 
 def read_training_scores(public_dir: Path) -> dict[str, float]:
@@ -138,19 +194,26 @@ class TimmRegress(Baseline):
     extra: ClassVar[str] = "timm"
     requires: ClassVar[tuple[str, ...]] = ("torch", "timm")
     description: ClassVar[str] = "timm CNN regressing LDCT-IQA's radiologist quality score from the slice (MSE)"
+    _full: ClassVar[dict[str, Any]] = {"model": "resnet50", "pretrained": "resnet50.tv2_in1k", "folds": 5,
+                                       "epochs": 100, "batch_size": 16, "lr": 3e-4, "weight_decay": 1e-4,
+                                       "amp": True, "deterministic": False, "time_aware": False, "reserve_s": 300.0}
     configs: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"model": "resnet10t", "epochs": 25, "batch_size": 8, "lr": 1e-3, "weight_decay": 1e-4,
-                  "pretrained": None},
-        "full": {"model": "resnet50", "epochs": 100, "batch_size": 16, "lr": 3e-4, "weight_decay": 1e-4,
-                 "pretrained": None},
+        "quick": {**_full, "model": "resnet10t", "pretrained": None, "folds": 1, "epochs": 25, "batch_size": 8,
+                  "lr": 1e-3, "amp": False, "deterministic": True, "reserve_s": 0.0},
+        "budget": {**_full, "time_aware": True},
+        "full": _full,
+        "smoke": {**_full, "pretrained": None, "folds": 2, "epochs": 1, "reserve_s": 0.0},
     }
 
     def supports(self, task_id: str, grader_id: str) -> bool:
         return grader_id == LDCT_GRADER
 
+    def estimated_steps(self, params: Mapping[str, Any], n_train: int) -> int | None:
+        return ensemble_steps(params, n_train)
+
     def run(self, ctx: BaselineContext) -> None:
         torch, _ = _torch_and_timm()
-        _prepare_run(ctx)
+        prepare_run(ctx)
         scores = read_training_scores(ctx.public_dir)
         ids = sorted(scores)
         images = torch.from_numpy(np.stack([read_ldct_slice(ctx.public_dir / "train" / "images" / f"{i}.tif")
@@ -159,12 +222,18 @@ class TimmRegress(Baseline):
         mean, std = float(values.mean()), float(values.std()) or 1.0
         targets = torch.from_numpy((values - mean) / std)[:, None]
         ctx.log(f"{len(ids)} training slices {tuple(images.shape[-2:])}, score {mean:.2f} +- {std:.2f}")
-        model = create_backbone(ctx.params, in_chans=1, num_classes=1)
-        fit(model, images, targets, torch.nn.functional.mse_loss, ctx, augment=random_flips)
         test_ids = TestManifest.read(ctx.public_dir).ids
         test = torch.from_numpy(np.stack([read_ldct_slice(ctx.public_dir / "test" / "images" / f"{i}.tif")
                                           for i in test_ids]))[:, None]
-        predicted = predict(model, test, ctx)[:, 0] * std + mean
+
+        def train(indices: np.ndarray, phases: int, label: str) -> torch.nn.Module:
+            model = create_backbone(ctx.params, in_chans=1, num_classes=1, ctx=ctx)
+            chosen = torch.from_numpy(indices)
+            fit(model, images[chosen], targets[chosen], torch.nn.functional.mse_loss, ctx, augment=random_flips,
+                phases=phases, what=label)
+            return model
+
+        predicted = ensemble(ctx, train, test, len(ids))[:, 0] * std + mean
         grader = get_grader(ctx.grader_id)
         (column,) = grader.schema.value_columns
         write_submission_csv(ctx.out_dir, grader.schema, [{grader.schema.id_column: i, column.name: repr(float(v))}
@@ -227,19 +296,26 @@ class TimmClassifier(Baseline):
     requires: ClassVar[tuple[str, ...]] = ("torch", "timm", "SimpleITK")
     description: ClassVar[str] = ("timm multi-label classifier of image-level labels (TopCoW task-3 Circle-of-Willis "
                                   "edges) from axial/coronal/sagittal MIPs")
+    _full: ClassVar[dict[str, Any]] = {"model": "resnet50", "pretrained": "resnet50.tv2_in1k", "image_size": 256,
+                                       "folds": 5, "epochs": 200, "batch_size": 16, "lr": 3e-4, "weight_decay": 1e-4,
+                                       "amp": True, "deterministic": False, "time_aware": False, "reserve_s": 300.0}
     configs: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"model": "resnet10t", "image_size": 64, "epochs": 30, "batch_size": 8, "lr": 1e-3,
-                  "weight_decay": 1e-4, "pretrained": None},
-        "full": {"model": "resnet50", "image_size": 256, "epochs": 200, "batch_size": 16, "lr": 3e-4,
-                 "weight_decay": 1e-4, "pretrained": None},
+        "quick": {**_full, "model": "resnet10t", "pretrained": None, "image_size": 64, "folds": 1, "epochs": 30,
+                  "batch_size": 8, "lr": 1e-3, "amp": False, "deterministic": True, "reserve_s": 0.0},
+        "budget": {**_full, "time_aware": True},
+        "full": _full,
+        "smoke": {**_full, "pretrained": None, "folds": 2, "epochs": 1, "reserve_s": 0.0},
     }
 
     def supports(self, task_id: str, grader_id: str) -> bool:
         return grader_id in TOPCOW_EDGE_GRADERS
 
+    def estimated_steps(self, params: Mapping[str, Any], n_train: int) -> int | None:
+        return ensemble_steps(params, n_train)
+
     def run(self, ctx: BaselineContext) -> None:
         torch, _ = _torch_and_timm()
-        _prepare_run(ctx)
+        prepare_run(ctx)
         size = int(ctx.params["image_size"])
         edge_files = sorted((ctx.public_dir / "train" / "edges").glob("*.yml"))
         if not edge_files:
@@ -251,9 +327,15 @@ class TimmClassifier(Baseline):
         targets = torch.tensor([read_edges(p) for p in edge_files], dtype=torch.float32)
         ctx.log(f"{len(train_ids)} training volumes -> 3 MIPs of {size}x{size}; edge prevalence "
                 f"{[round(float(v), 2) for v in targets.mean(0)]}")
-        model = create_backbone(ctx.params, in_chans=3, num_classes=targets.shape[1])
-        fit(model, images, targets, torch.nn.functional.binary_cross_entropy_with_logits, ctx)
         test_ids = TestManifest.read(ctx.public_dir).ids
         test = torch.from_numpy(np.stack([projections(_volume_of(ctx.public_dir / "test" / "images", i), size)
                                           for i in test_ids]))
-        write_edge_submission(ctx, test_ids, predict(model, test, ctx) > 0.0)
+
+        def train(indices: np.ndarray, phases: int, label: str) -> torch.nn.Module:
+            model = create_backbone(ctx.params, in_chans=3, num_classes=targets.shape[1], ctx=ctx)
+            chosen = torch.from_numpy(indices)
+            fit(model, images[chosen], targets[chosen], torch.nn.functional.binary_cross_entropy_with_logits, ctx,
+                phases=phases, what=label)
+            return model
+
+        write_edge_submission(ctx, test_ids, ensemble(ctx, train, test, len(train_ids)) > 0.0)

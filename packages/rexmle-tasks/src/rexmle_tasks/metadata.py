@@ -129,6 +129,10 @@ class TaskMetadata(_Strict):
     grader: str
     family: str
     options: dict[str, Any] = Field(default_factory=dict)
+    # True when labels tell the patient's left from right (TopCoW/TopBrain vessel pairs, DENTEX quadrants): a
+    # left-right flip then changes the answer, so pipelines must not mirror such images in training or at test
+    # time (or must swap the paired labels with the flip, as the DENTEX detector does with quadrants)
+    lateralised_labels: bool = False
     raw_group: str | None = None
     data_sources: tuple[DataSource, ...]
     cases: CaseCounts

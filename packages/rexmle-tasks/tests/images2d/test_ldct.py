@@ -39,6 +39,8 @@ def test_mirror_has_the_real_training_archive_and_the_manual_test_archive(prepar
         assert 0 <= value <= 4 and abs(value * 5 - round(value * 5)) < 1e-9  # five readers' mean: a 0.2 grid
     image = tifffile.imread(prepared.dirs.raw / "LDCTIQAG2023_train" / "image" / "0000.tif")
     assert image.dtype == np.float32 and image.ndim == 2
+    # as the release: windowed to [0, 1] already, air saturated at 0 (not Hounsfield units)
+    assert image.min() >= 0.0 and image.max() <= 1.0 and image[0, 0] == 0.0
 
 
 def test_the_official_test_set_is_the_test_set_when_present(prepared) -> None:
@@ -97,14 +99,14 @@ def test_sample_and_gold_submissions(prepared, tmp_path: Path) -> None:
 
 
 def test_a_noise_estimate_with_a_linear_fit_beats_the_constant_sample(prepared, tmp_path: Path) -> None:
-    """Quality falls with noise: log of the median absolute high-pass response inside the body, fitted
-    linearly to the training scores."""
+    """Quality falls with noise: log of the median absolute high-pass response inside the body (above the
+    window's saturated air), fitted linearly to the training scores."""
     public = prepared.dirs.public
 
     def noise(path: Path) -> float:
         image = tifffile.imread(path).astype(float)
         high_pass = image - ndimage.gaussian_filter(image, 2)
-        return float(np.log(np.median(np.abs(high_pass[image > -500]))))
+        return float(np.log(np.median(np.abs(high_pass[image > 0]))))
 
     with (public / "train" / "labels.csv").open(newline="") as fh:
         rows = list(csv.DictReader(fh))

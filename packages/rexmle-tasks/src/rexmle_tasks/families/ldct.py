@@ -3,12 +3,21 @@
 Training download (Zenodo 7833096; DATA_LAYOUTS.md §9), found wherever it lies under ``raw/``::
 
     LDCTIQAG2023_train/train.json       {"0000.tif": 3.4, ...}   file name -> mean radiologist score (0-4)
-    LDCTIQAG2023_train/image/NNNN.tif   single-slice float CT images
+    LDCTIQAG2023_train/image/NNNN.tif   single-slice float CT images, already windowed to [0, 1] (see below)
 
 The official labelled test set is a manual Google-Drive download (``test_dataset.zip`` in ``raw/downloads/``)
 whose layout is unresolved (the release expects ``LDCTIQAC_test/{images/*.tiff, test.json}``, a participant's
 script ``LDCTIQAC2023_test/{*.tif, test-ground-truth.json}``), so it is searched for: any other JSON mapping image
 names to scores, with the images below the JSON's folder.
+
+Pixel values: the released slices are float images already windowed and scaled to [0, 1], not Hounsfield units.
+Two independent public sources agree on that: a third-party analysis of the training set maps the [0, 1] values
+back to HU and finds air, lung and bone saturated at 0 or 1 (a soft-tissue window; it quotes W350/L40 from the
+challenge page and W400/L50 from a later paper), and the ldct-benchmark package, which redistributes the winning
+model, windows HU to [0, 1] before scoring "as was done for the training data" (with yet another window). The
+exact window is therefore unknown; the mirror writes [0, 1] floats through a W350/L40 window (saturating air and
+bone as reported), and pipelines must accept both [0, 1] slices and HU slices (DATA_LAYOUTS.md leaves dtype and
+size unverified).
 
 Split (our decision): when the official test set is present it is the test set and the official training set is
 the training set (:meth:`LdctFamily.fixed_split`); when it is absent the official training set is re-split by the
@@ -182,11 +191,20 @@ class LdctFamily(TaskFamily):
 
 # ---- synthetic CT slices -----------------------------------------------------------------------------------------
 SLICE_SIZE = 96
+# the soft-tissue window the release is reported to have applied before scaling to [0, 1] (level, width in HU)
+RELEASE_WINDOW = (40.0, 350.0)
+
+
+def to_release_values(hu: np.ndarray) -> np.ndarray:
+    """HU -> what the release stores: the soft-tissue window scaled to [0, 1], float32 (saturated outside)."""
+    level, width = RELEASE_WINDOW
+    return np.clip((hu - (level - width / 2)) / width, 0.0, 1.0).astype(np.float32)
 
 
 def synthetic_slice(rng: np.random.Generator) -> tuple[np.ndarray, float]:
-    """A float32 abdominal-CT-like slice (HU) and its quality score: noise and streaks grow as the score falls.
-    The score is the mean of five simulated readers' 0-4 ratings, so it lies on the 0.2 grid."""
+    """A float32 abdominal-CT-like slice as the release stores it (HU through the soft-tissue window, scaled to
+    [0, 1]) and its quality score: noise and streaks grow as the score falls. The score is the mean of five
+    simulated readers' 0-4 ratings, so it lies on the 0.2 grid."""
     shape = (SLICE_SIZE, SLICE_SIZE)
     centre = (SLICE_SIZE / 2 + rng.uniform(-3, 3), SLICE_SIZE / 2 + rng.uniform(-3, 3))
     image = np.full(shape, -1000.0)
@@ -207,5 +225,5 @@ def synthetic_slice(rng: np.random.Generator) -> tuple[np.ndarray, float]:
     rows, cols = np.mgrid[: shape[0], : shape[1]]
     streaks = sum(np.cos(0.9 * ((rows - centre[0]) * np.cos(a) + (cols - centre[1]) * np.sin(a))) for a in angles)
     image += (noise + (4 - quality) * 6 * streaks) * body
-    return ndimage.gaussian_filter(image, 0.5).astype(np.float32), score
+    return to_release_values(ndimage.gaussian_filter(image, 0.5)), score
 
