@@ -57,5 +57,24 @@ if [ "$dev" = 1 ]; then
            "rexmle view are skipped" >&2
     fi
   fi
+  # The SLURM tests start a one-node cluster (tools/slurm_local.py): Debian's SLURM daemons and clients, and munge.
+  # In CI (a throwaway machine) also slurmdbd and MariaDB, for the accounting test; on a workstation they would
+  # start a database service, so there that test is skipped unless they are installed by hand.
+  slurm_packages="slurmctld slurmd slurm-client munge"
+  [ -n "${CI:-}" ] && slurm_packages="$slurm_packages slurmdbd mariadb-server"
+  missing=0
+  for program in slurmctld slurmd sbatch munged $([ -n "${CI:-}" ] && echo slurmdbd mariadbd); do
+    command -v "$program" >/dev/null 2>&1 || [ -x "/usr/sbin/$program" ] || missing=1
+  done
+  if [ "$missing" = 1 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing SLURM and munge (the one-node cluster of the SLURM tests)"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $slurm_packages; } >/dev/null \
+        || echo "warning: could not install $slurm_packages; the SLURM tests will be skipped" >&2
+    else
+      echo "warning: SLURM is missing: run 'sudo apt-get install -y $slurm_packages', or the SLURM tests are" \
+           "skipped" >&2
+    fi
+  fi
 fi
 echo "rexmle installed in $venv ($("$venv/bin/rexmle" version | tr '\n' ' '))"

@@ -77,6 +77,20 @@ def parse_models(values: list[str]) -> dict[str, str]:
     return models
 
 
+def parse_sbatch_options(values: list[str]) -> dict[str, str]:
+    """``--sbatch qos=long --sbatch exclusive``: sbatch options by their long name, without the dashes."""
+    options: dict[str, str] = {}
+    for value in values:
+        key, _, setting = value.partition("=")
+        key = key.strip().lstrip("-")
+        if not key or key in ("array", "output", "requeue", "job-name", "open-mode"):
+            raise UserInputError(f"--sbatch {value!r}: " + ("no option name" if not key else
+                                                            f"rexmle sets --{key} itself"),
+                                 hint="e.g. --sbatch qos=long or --sbatch constraint=a100")
+        options[key] = setting
+    return options
+
+
 def parse_agent_config(values: list[str]) -> dict[str, Any]:
     """``--agent-config`` as JSON (``'{"num_drafts": 3}'``), a file (``@config.yaml``, or a shipped configuration by
     name: ``@paper-aide.yaml``) or ``key=value``."""
@@ -146,6 +160,11 @@ def run_command(
     resume: Annotated[Path | None, typer.Option(help="Resume one run folder (runs/<group>/<run_id>).")] = None,
     partition: Annotated[str | None, typer.Option(help="SLURM partition.")] = None,
     slurm_timeout_min: Annotated[int | None, typer.Option(help="SLURM job limit (default: run limit + 1h).")] = None,
+    account: Annotated[str | None, typer.Option(help="SLURM account to charge.")] = None,
+    array_parallelism: Annotated[int, typer.Option(min=0, help="SLURM: at most N runs of the group at once "
+                                                              "(--array=...%N; 0: no limit).")] = 64,
+    sbatch: Annotated[list[str], typer.Option(help="SLURM: any other sbatch option as KEY=VALUE (or KEY), "
+                                                   "repeatable: --sbatch qos=long --sbatch constraint=a100.")] = [],  # noqa: B006
     wait: Annotated[bool, typer.Option(help="Wait for SLURM jobs and print the report.")] = True,
     out: Annotated[Path | None, typer.Option(help="Group report path (default: runs/<group>/report.json).")] = None,
     plan: Annotated[str | None, typer.Option(help="Run a plan: a shipped one by name (paper-main, "
@@ -201,8 +220,8 @@ def run_command(
     if not specs:
         raise UserInputError("the group has zero runs")
     started = time.perf_counter()
-    console.print(f"{len(specs)} run(s) in {escape(str(group_dir))} ({executor} executor, "
-                  f"{workers} worker(s))")
+    console.print(f"{len(specs)} run(s) in {escape(str(group_dir))} ({executor} executor"
+                  + (f", {workers} worker(s))" if executor == "local" else ")"))
 
     def progress(outcome: Any) -> None:
         pct = "-" if outcome.grade is None or outcome.grade.percentile is None else f"{outcome.grade.percentile:.1%}"
@@ -214,10 +233,14 @@ def run_command(
     watch = LiveRuns([(folders[s.run_id], s.limits.time_limit_s, s.limits.max_steps) for s in specs])
     with follow(console, watch, title=f"{len(specs)} run(s) of group {group}"):
         outcomes = run_specs(specs, runs_root, executor=executor, workers=workers, progress=progress,
-                             slurm=SlurmOptions(partition=partition, timeout_min=slurm_timeout_min, wait=wait),
+                             slurm=SlurmOptions(partition=partition, timeout_min=slurm_timeout_min, account=account,
+                                                array_parallelism=array_parallelism or None,
+                                                extra=parse_sbatch_options(sbatch), wait=wait),
                              run_dirs=run_dirs)
     if not outcomes:
-        console.print("jobs submitted; run the same command again later to collect the report")
+        console.print(f"jobs submitted: `rexmle runs status --runs-dir {safe(runs_root)} --group {safe(group)}` shows "
+                      "them; run the same command again later to wait for them and write the report (it submits "
+                      "nothing twice)")
         return
     write_group_report(group_dir, out or group_dir / "report.json")
     console.print(f"{len(outcomes)} run(s) in {time.perf_counter() - started:.1f} s")
@@ -346,11 +369,14 @@ def agents_list_command() -> None:
 def runs_status_command(
     runs_dir: Annotated[Path, typer.Option(help="Where run folders are.")] = DEFAULT_RUNS_DIR,
     group: Annotated[str | None, typer.Option(help="Only this group.")] = None,
+    cluster: Annotated[bool, typer.Option(help="Ask SLURM about the runs' jobs first (on a submit host).")] = True,
 ) -> None:
-    """Show every run folder's state, model, steps, time, tokens, cost and grade, with a total per group."""
+    """Show every run folder's state, model, steps, time, tokens, cost and grade, with a total per group (and each
+    run's SLURM job: id and state, brought up to date from SLURM where it can be asked)."""
     from rexmle_agents.results.cli import status_tables
 
-    tables, found = status_tables(runs_dir, group)
+    note = refresh_cluster_records(runs_dir / group if group else runs_dir) if cluster else None
+    tables, found = status_tables(runs_dir, group, cluster_note=note)
     if not found:
         from rexmle_grade.settings import data_dir
 
@@ -361,6 +387,21 @@ def runs_status_command(
                              hint=f"start runs with `rexmle run`, or pass --runs-dir{where}")
     for table in tables:
         console.print(table)
+
+
+def refresh_cluster_records(root: Path) -> str | None:
+    """Ask SLURM about the jobs of the runs under ``root`` and record what it says into their folders; the
+    cluster's accounting note (None where no run has a job, or SLURM cannot be asked from here)."""
+    from rexmle_agents.executors.slurm_accounting import CLUSTER_FILE, SlurmCommandError, refresh
+
+    if not root.is_dir():
+        return None
+    folders = [p.parent for p in (*root.glob(f"*/{CLUSTER_FILE}"), *root.glob(f"*/*/{CLUSTER_FILE}"))]
+    try:
+        return refresh(folders)
+    except SlurmCommandError as exc:
+        console.print(f"[yellow]SLURM could not be asked ({safe(exc.message)}); job states as last recorded[/]")
+        return None
 
 
 @runs_app.command("show")

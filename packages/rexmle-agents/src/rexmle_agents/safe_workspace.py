@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from rexmle_grade.errors import RexmleError
 from rexmle_grade.io import MAX_CSV_BYTES, MAX_FILE_BYTES
@@ -312,6 +313,79 @@ class Workspace:
         with _closing(fd), os.scandir(fd) as entries:
             return next(iter(entries), None) is None
 
+    def stat(self, rel: str) -> os.stat_result | None:
+        """``rel``'s own status (a link is reported as a link, never followed); None when it or a parent folder is
+        missing or not a real folder."""
+        *parents, name = relative_parts(rel)
+        try:
+            parent = self._open_dir(parents)
+        except WorkspaceRefused:
+            return None
+        with _closing(parent):
+            return _lstat_at(parent, name)
+
+    def read_bytes(self, rel: str, *, max_bytes: int) -> bytes | None:
+        """The content of the regular file ``rel`` (checked on the descriptor that is read); None when it is
+        missing, not a regular file (a link, a FIFO...) or larger than ``max_bytes``."""
+        *parents, name = relative_parts(rel)
+        try:
+            parent = self._open_dir(parents)
+        except WorkspaceRefused:
+            return None
+        with _closing(parent):
+            try:
+                fd = os.open(name, _O_READ, dir_fd=parent)
+            except OSError:
+                return None
+        with _closing(fd):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+                return None
+            return _read_exactly(fd, info.st_size)
+
+    def copy_out(self, rel: str, dest: Path, *, limits: CopyLimits | None = None) -> Collected:
+        """Copy the regular files under ``rel`` (a file or a folder tree) into the harness folder ``dest``, without
+        following links, iteratively; links, special files and what is over the limits are refused with reasons."""
+        limits = limits or CopyLimits()
+        copy = _Copy(-1, dest, limits)
+        info = self.stat(rel)
+        if info is None:
+            copy.refuse(f"{rel!r} does not exist, or a folder on its way is not a real folder")
+            return copy.result(None)
+        parts = relative_parts(rel)
+        dest.mkdir(parents=True, exist_ok=True)
+        if not stat.S_ISDIR(info.st_mode):
+            with _closing(self._open_dir(parts[:-1])) as parent:
+                copy.copy_file(parent, parts[-1], dest / parts[-1], label=rel)
+            return copy.result(dest)
+        # one frame per folder level: [descriptor, path below rel, subfolders still to visit (None: not listed)]
+        frames: list[list[Any]] = [[self._open_dir(parts), "", None]]
+        try:
+            while frames:
+                frame = frames[-1]
+                fd, where = frame[0], frame[1]
+                if frame[2] is None:
+                    files, folders = _list(fd)
+                    (dest / where).mkdir(parents=True, exist_ok=True)
+                    for name in files:
+                        copy.copy_file(fd, name, dest / where / name, label=f"{where}{name}")
+                    frame[2] = folders
+                if not frame[2]:
+                    os.close(frames.pop()[0])
+                    continue
+                child = frame[2].pop()
+                if len(frames) > limits.max_depth:
+                    copy.refuse(f"{where}{child}/ is nested deeper than {limits.max_depth} folders")
+                    continue
+                try:
+                    frames.append([os.open(child, _O_DIR, dir_fd=fd), f"{where}{child}/", None])
+                except OSError:
+                    copy.refuse(f"{where}{child} is gone, or is no longer a folder")
+        finally:
+            for frame in frames:
+                os.close(frame[0])
+        return copy.result(dest)
+
     # ---- a submission ------------------------------------------------------------------------------------
     def collect_submission(self, rel: str, dest: Path, *, file_columns: Iterable[str],
                            limits: CopyLimits | None = None) -> Collected:
@@ -464,11 +538,16 @@ class _Copy:
             return self.result(None)
         self.dest.mkdir(parents=True)
         self._write(SUBMISSION_CSV, table)
-        seen: set[str] = set()
+        seen: set[tuple[str, ...]] = {(SUBMISSION_CSV,)}  # by path, not by spelling ("a.nii" and "./a.nii")
         for relpath in _named_files(table, file_columns):
-            if relpath in seen:
+            try:
+                key = tuple(relative_parts(relpath, what="file"))
+            except WorkspaceRefused as exc:
+                self.refuse(exc.message)
                 continue
-            seen.add(relpath)
+            if key in seen:
+                continue
+            seen.add(key)
             if self.files >= self.limits.max_files:
                 self.refuse(f"{relpath!r}: more than {self.limits.max_files} files are named; the rest are not "
                             "copied")
@@ -523,26 +602,37 @@ class _Copy:
                     self.refuse(f"{relpath!r}: the folder {name!r} {_open_problem(exc, at, name)}")
                     return
                 opened.append(at)
-            try:
-                fd = os.open(parts[-1], _O_READ, dir_fd=at)
-            except OSError as exc:
-                self.refuse(f"{relpath!r} {_open_problem(exc, at, parts[-1])}")
-                return
-            with _closing(fd):
-                info = os.fstat(fd)  # the descriptor checked is the one copied
-                problem = self._file_problem(info, self.limits.max_file_bytes)
-                if problem:
-                    self.refuse(f"{relpath!r} {problem}")
-                    return
-                target = self.dest.joinpath(*parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with _closing(os.open(target, _O_NEW, FILE_MODE)) as out:
-                    copy_extents(fd, out, info.st_size)
-                self.files += 1
-                self.bytes += info.st_size
+            self.copy_file(at, parts[-1], self.dest.joinpath(*parts), label=relpath)
         finally:
             for fd_ in opened:
                 os.close(fd_)
+
+    def copy_file(self, at: int, name: str, target: Path, *, label: str) -> None:
+        """Copy the regular file ``name`` of the open folder ``at`` to ``target`` (checks on the descriptor that
+        is then copied; only its data extents; a plain 0644 file)."""
+        if self.files >= self.limits.max_files:
+            self.refuse(f"{label!r}: more than {self.limits.max_files} files; the rest are not copied")
+            return
+        try:
+            fd = os.open(name, _O_READ, dir_fd=at)
+        except OSError as exc:
+            self.refuse(f"{label!r} {_open_problem(exc, at, name)}")
+            return
+        with _closing(fd):
+            info = os.fstat(fd)
+            problem = self._file_problem(info, self.limits.max_file_bytes)
+            if problem:
+                self.refuse(f"{label!r} {problem}")
+                return
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                out = os.open(target, _O_NEW, FILE_MODE)
+            except FileExistsError:  # the same file reached again: copied once
+                return
+            with _closing(out):
+                copy_extents(fd, out, info.st_size)
+            self.files += 1
+            self.bytes += info.st_size
 
     def _write(self, name: str, data: bytes) -> None:
         with _closing(os.open(self.dest / name, _O_NEW, FILE_MODE)) as out:
@@ -559,6 +649,15 @@ def _open_problem(exc: OSError, at: int, name: str) -> str:
         what = "not a folder" if info is None else _kind(info.st_mode)
         return f"is {what}; the harness does not follow links"
     return f"cannot be opened ({exc.strerror})"
+
+
+def _list(fd: int) -> tuple[list[str], list[str]]:
+    """(entries that are not folders, real folders) of the open folder ``fd``, sorted; links are not followed."""
+    files, folders = [], []
+    with os.scandir(fd) as listing:
+        for entry in listing:
+            (folders if entry.is_dir(follow_symlinks=False) else files).append(entry.name)
+    return sorted(files), sorted(folders, reverse=True)
 
 
 def _named_files(table: bytes, file_columns: Sequence[str]) -> list[str]:

@@ -47,7 +47,7 @@ def validate_folder(run_dir: Path) -> set[str]:
 
 def test_the_shipped_schema_files_are_those_the_records_generate() -> None:
     assert stale_files() == [], "run: python -m rexmle_agents.results.schemas --write"
-    assert set(SCHEMAS) == {"spec", "status", "journal-event", "grade", "group-report"}
+    assert set(SCHEMAS) == {"spec", "status", "journal-event", "grade", "cluster", "group-report"}
     kinds = {d["properties"]["kind"]["const"] for d in load_schema("journal-event")["$defs"].values()
              if "kind" in d.get("properties", {})}
     assert EXPECTED_KINDS | {"run_resumed", "step_interrupted", "budget_exhausted", "agent_error", "warning"} <= kinds

@@ -11,6 +11,7 @@ Tasks that share one download (the six TopCoW tasks, say) share ``<data>/<group>
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from importlib.metadata import distributions
@@ -33,13 +34,19 @@ def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
 
 def rexmle_versions() -> dict[str, str]:
     """{distribution name: version} of every installed rexmle package: those that plug into rexmle through an
-    entry-point group ``rexmle.*`` (the four packages and any third-party plugin; not the dev workspace)."""
+    entry-point group ``rexmle.*`` (the four packages and any third-party plugin; not the dev workspace).
+    Read once per process (scanning every installed distribution is slow, and installs do not change under it)."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
     for dist in distributions():
         name = dist.metadata["Name"] or ""
         if any(ep.group.startswith("rexmle.") for ep in dist.entry_points):
             found.setdefault(name, dist.version)
-    return dict(sorted(found.items()))
+    return tuple(sorted(found.items()))
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,13 @@ EXECUTORS = ("local", "slurm", "submitit-local")
 class SlurmOptions:
     partition: str | None = None
     timeout_min: int | None = None  # default: the run's time limit plus an hour for set-up and grading
-    mem_gb: float | None = None
-    cpus_per_task: int | None = None
-    array_parallelism: int = 64
+    mem_gb: float | None = None  # default: each run's --memory-gb (else the cluster's default memory per job)
+    cpus_per_task: int | None = None  # default: each run's --cpus (else the cluster's default)
+    array_parallelism: int | None = 64  # at most this many tasks of an array run at once (sbatch --array=...%N)
     account: str | None = None
-    extra: dict[str, str] | None = None  # any other sbatch option (slurm_additional_parameters)
+    extra: dict[str, str] | None = None  # any other sbatch option: {"qos": "long", "constraint": "a100"}
     wait: bool = True
+    poll_s: float = 10.0  # longest pause between two looks at the queue while waiting
 
 
 Progress = Callable[[RunOutcome], None]
@@ -63,15 +64,24 @@ def run_specs(specs: Sequence[RunSpec], runs_dir: Path, *, executor: str = "loca
             if progress:
                 progress(done)
     if todo:
+        from rexmle_agents.executors.slurm_accounting import reopen
+
+        for spec in todo:  # a run the cluster stopped resumes like any unfinished run
+            reopen(run_dirs.get(spec.run_id) or run_paths(spec, runs_dir).run_dir)
         if executor == "local":
             from rexmle_agents.executors.local import run_local
 
             results = run_local(todo, runs_dir, workers=workers, progress=progress, run_dirs=run_dirs)
-        else:
-            from rexmle_agents.executors.slurm import run_submitit
+        elif executor == "slurm":
+            from rexmle_agents.executors.slurm import run_slurm
 
-            results = run_submitit(todo, runs_dir, options=slurm or SlurmOptions(), local=executor != "slurm",
-                                   progress=progress, run_dirs=run_dirs)
+            results = run_slurm(todo, runs_dir, options=slurm or SlurmOptions(), progress=progress,
+                                run_dirs=run_dirs)
+        else:
+            from rexmle_agents.executors.slurm import run_submitit_local
+
+            results = run_submitit_local(todo, runs_dir, options=slurm or SlurmOptions(), progress=progress,
+                                         run_dirs=run_dirs)
         outcomes.update({o.run_id: o for o in results})
     return [outcomes[s.run_id] for s in specs if s.run_id in outcomes]
 

@@ -9,6 +9,7 @@ to the run journal before the call returns, so a resumed run sees everything tha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import threading
@@ -26,7 +27,7 @@ from rexmle_agents.models.accounting import UsageLedger
 from rexmle_agents.models.base import Model
 from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, ToolSpec
 from rexmle_agents.safe_workspace import Collected, CopyLimits, Workspace
-from rexmle_agents.sandbox.base import SUBMISSION_DIRNAME, WORKING_DIRNAME, ExecResult, Sandbox
+from rexmle_agents.sandbox.base import SUBMISSION_DIRNAME, WORKING_DIRNAME, ExecResult, ExtraBind, Sandbox
 from rexmle_grade.errors import BudgetExceededError, UserInputError
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,8 @@ class RunContext:
         self._last_step = steps_done if last_step is None else max(last_step, steps_done)
         self._step: Step | None = None
         self._exec_counter = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a stop signal's handler may call kill_all while it is held
+        self._variants: dict[tuple[Any, ...], Sandbox] = {}
         # the only way the harness touches the workspace: never through a path the agent's code controls
         self.fs = Workspace(paths.workspace, owner=sandbox.owner)
         self.copy_limits = CopyLimits()
@@ -244,10 +246,36 @@ class RunContext:
         return [e for e in self.journal.iter_events() if e["kind"] == "step_finished"]
 
     # ---- execution in the sandbox --------------------------------------------------------------------------
+    def sandbox_with(self, *, binds: Sequence[ExtraBind] = (), workdir: str | None = None) -> Sandbox:
+        """The run's sandbox with further read-only (or writable) binds and another start folder (an external
+        agent's own environment, a model relay's socket): same isolation, limits and user; stopped with the run."""
+        key = (tuple(binds), workdir)
+        with self._lock:
+            variant = self._variants.get(key)
+            if variant is None:
+                base = self.sandbox.spec
+                if workdir is not None:
+                    self.fs.ensure_dir(workdir)
+                spec = dataclasses.replace(base, binds=(*base.binds, *binds), workdir=workdir or base.workdir)
+                variant = type(self.sandbox)(spec)
+                self._variants[key] = variant
+        return variant
+
+    def kill_all(self) -> None:
+        """Kill every command this run's sandboxes are running (the watchdog and a stop signal call it)."""
+        self.sandbox.kill_all()
+        with self._lock:
+            variants = list(self._variants.values())
+        for variant in variants:
+            variant.kill_all()
+
     def execute(self, command: Sequence[str] | str, *, timeout_s: float | None = None,
-                label: str | None = None) -> ExecResult:
+                label: str | None = None, sandbox: Sandbox | None = None,
+                until_deadline: bool = False) -> ExecResult:
         """Run a command in the sandbox (a string goes through ``/bin/sh -c``), from ``working/``; the timeout is
-        the per-execution limit, cut to the time the run has left."""
+        the per-execution limit, cut to the time the run has left. ``sandbox``: a variant from
+        :meth:`sandbox_with`. ``until_deadline``: no per-execution limit, only the run's time (a whole external
+        agent is one command)."""
         self.check_budget()
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         with self._lock:
@@ -255,12 +283,12 @@ class RunContext:
             counter = self._exec_counter
         step = self._step.number if self._step else None
         name = f"step{step or 0:04d}-exec{counter:03d}" + (f"-{label}" if label else "")
-        limit = self.spec.limits.exec_timeout_s if timeout_s is None else min(timeout_s,
-                                                                            self.spec.limits.exec_timeout_s)
+        cap = float("inf") if until_deadline else self.spec.limits.exec_timeout_s
+        limit = cap if timeout_s is None else min(timeout_s, cap)
         limit = max(0.1, min(limit, self._deadline - time.monotonic()))
         self.journal.append("exec_started", step=step, name=name, argv=argv, timeout_s=round(limit, 3))
-        result = self.sandbox.run(argv, timeout_s=limit, log_dir=self.paths.logs / "exec", log_name=name,
-                                  cancel=self.cancelled)
+        result = (sandbox or self.sandbox).run(argv, timeout_s=limit, log_dir=self.paths.logs / "exec",
+                                               log_name=name, cancel=self.cancelled)
         self.journal.append(
             "exec_finished", step=step, name=name, exit_code=result.exit_code, stopped_by=result.stopped_by,
             wall_s=round(result.wall_s, 4), cpu_s=round(result.cpu_s, 4),

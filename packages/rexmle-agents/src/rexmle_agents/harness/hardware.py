@@ -31,9 +31,17 @@ def memory_gb() -> float:
         return 0.0
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (a SLURM job's or a container's share, through its CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def describe(gpus: tuple[str, ...], cpus: int | None, memory_limit_gb: float | None) -> dict[str, object]:
     return {
-        "cpus": cpus or os.cpu_count() or 1,
+        "cpus": cpus or usable_cpus(),
         "memory_gb": round(memory_limit_gb or memory_gb(), 1),
         "gpus": len(gpus),
         "gpu_ids": list(gpus),

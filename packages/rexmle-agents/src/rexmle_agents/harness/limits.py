@@ -5,8 +5,9 @@ run id must not depend on the machine, so the values are worked out when a run f
 (with ``run_started``); every later attempt, and ``rexmle sandbox exec``, reads them back rather than recomputing
 them on another machine or with another number of workers.
 
-* memory: the machine's memory (or the harness's own cgroup limit, if lower), less a reserve for the harness and
-  the system (10%, at least 1 GiB), shared by the runs that go on at once; at least 1 GiB;
+* memory: the machine's memory (or the harness's own cgroup limit, or its SLURM job's memory, if lower), less a
+  reserve for the harness and the system (10%, at least 1 GiB), shared by the runs that go on at once; at least
+  1 GiB;
 * workspace disk: :data:`DEFAULT_DISK_GB`, or half the free space of the workspace's file system shared by the
   runs at once if that is less; and at most ``max_files`` entries and :data:`~rexmle_agents.safe_workspace.MAX_DEPTH`
   folder levels;
@@ -55,17 +56,30 @@ class EffectiveLimits:
 
 
 def machine_memory_bytes() -> int:
-    """Physical memory, or the memory limit of the cgroup this process is in when that is lower (a SLURM job's
-    allocation, a container's limit)."""
+    """Physical memory, or what this process is granted when that is lower: the memory limit of its cgroup (a
+    container's limit, a SLURM job's under task/cgroup) or its SLURM job's memory (also where SLURM enforces it
+    without cgroups)."""
     try:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         physical = 0
     limits = [physical] if physical else []
-    for limit in _own_cgroup_memory_limits():
+    for limit in [*_own_cgroup_memory_limits(), slurm_job_memory_bytes()]:
         if 0 < limit < (physical or limit + 1):
             limits.append(limit)
     return min(limits) if limits else 0
+
+
+def slurm_job_memory_bytes() -> int:
+    """The memory of the SLURM job this process runs in (``SLURM_MEM_PER_NODE``, or ``SLURM_MEM_PER_CPU`` times
+    ``SLURM_CPUS_ON_NODE``; both in MB); 0 outside a job."""
+    per_node = os.environ.get("SLURM_MEM_PER_NODE", "")
+    if per_node.isdigit():
+        return int(per_node) * 1024**2
+    per_cpu, cpus = os.environ.get("SLURM_MEM_PER_CPU", ""), os.environ.get("SLURM_CPUS_ON_NODE", "")
+    if per_cpu.isdigit() and cpus.isdigit():
+        return int(per_cpu) * int(cpus) * 1024**2
+    return 0
 
 
 def _own_cgroup_memory_limits() -> list[int]:

@@ -214,6 +214,19 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def slurm_job() -> dict[str, Any] | None:
+    """The SLURM job this process runs in, from its environment (None outside SLURM): recorded with every attempt
+    (``run_started``/``run_resumed`` and ``status.json``), so a requeued job's attempt says which requeue it is."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+    return {"job_id": f"{array}_{task}" if array and task.isdigit() else job, "array_job_id": array or None,
+            "array_task_id": int(task) if task.isdigit() else None,
+            "requeues": int(restarts) if restarts.isdigit() else 0, "node": os.environ.get("SLURMD_NODENAME")}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # resuming: what earlier attempts left in the journal
 
@@ -346,6 +359,7 @@ class _Attempt:
         self.grace_s = grace_s
         self.journal = Journal(paths.journal)
         self.started_mono = time.monotonic()
+        self.slurm = slurm_job()
 
     def run(self, *, grade: bool) -> RunOutcome:
         from rexmle_tasks.pipeline import task_dirs
@@ -391,7 +405,8 @@ class _Attempt:
                             steps_done=previous.steps_finished, sandbox=sandbox.kind, isolating=sandbox.isolating,
                             limits_mechanism=getattr(sandbox, "limits_mechanism", None), gpus=list(self.gpus),
                             rexmle_versions=spec.rexmle_versions, limits=self.limits.to_event(),
-                            sandbox_user=None if sandbox.user is None else sandbox.user.name)
+                            sandbox_user=None if sandbox.user is None else sandbox.user.name,
+                            **({"slurm": self.slurm} if self.slurm else {}))
         if not sandbox.isolating:
             logger.warning("run %s executes agent code WITHOUT a sandbox (--sandbox none)", spec.run_id)
             self.journal.append("warning", message="agent code ran without a sandbox (--sandbox none)")
@@ -470,13 +485,13 @@ class _Attempt:
                 if now >= ctx.deadline and not ctx.cancelled.is_set():
                     ctx.cancel_reason = f"time limit of {self.spec.limits.time_limit_s:g} s reached"
                     ctx.cancelled.set()
-                    sandbox.kill_all()
+                    ctx.kill_all()
                     self.journal.append("budget_exhausted", limit="time", message=ctx.cancel_reason)
                 over = None if ctx.cancelled.is_set() else disk.check(now)
                 if over is not None:
                     ctx.cancel_reason = over
                     ctx.cancelled.set()
-                    sandbox.kill_all()
+                    ctx.kill_all()
                     self.journal.append("budget_exhausted", limit="disk", message=over, usage=disk.last)
                 if ctx.cancelled.is_set():
                     thread.join(self.grace_s)
@@ -522,7 +537,7 @@ class _Attempt:
         def stop(signum: int, _frame: Any) -> None:
             ctx.cancel_reason = f"stopped by signal {signal.Signals(signum).name}"
             ctx.cancelled.set()
-            sandbox.kill_all()
+            ctx.kill_all()
 
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -536,10 +551,11 @@ class _Attempt:
     def _finalise(self, ctx: RunContext) -> None:
         """final/: the chosen snapshot (explicit choice, else the latest valid, else the workspace's submission)."""
         paths = self.paths
-        chosen = choose_final(list(self.journal.iter_events()))
+        chosen, chosen_by = final_choice(list(self.journal.iter_events()))
         if chosen is None and ctx.fs.kind_of(f"{SUBMISSION_DIRNAME}/{SUBMISSION_CSV}") is not None:
             try:
                 chosen = ctx.snapshot_submission("workspace submission at the end of the run")
+                chosen_by = "the workspace's submission folder at the end (the agent made no snapshot)"
             except (OSError, RexmleError) as exc:
                 self.journal.append("warning", message=f"could not snapshot the workspace submission: {exc}")
         if paths.final.exists():
@@ -549,7 +565,8 @@ class _Attempt:
             shutil.rmtree(partial)
         partial.mkdir()
         metadata: dict[str, Any] = {"snapshot": chosen, "run_id": self.spec.run_id, "finished_at": _now(),
-                                    "agent_choice": agent_choice(list(self.journal.iter_events()))}
+                                    "agent_choice": agent_choice(list(self.journal.iter_events())),
+                                    "chosen_by": chosen_by}
         if chosen is not None:
             source = paths.snapshots / chosen
             shutil.copytree(source / "submission", partial / "submission", symlinks=True)
@@ -576,7 +593,7 @@ class _Attempt:
             "task_id": self.spec.task_id, "agent": self.spec.agent, "seed": self.spec.seed,
             "started_at": self.status.get("started_at") or now, "updated_at": now,
             "finished_at": now if finished else None, "pid": os.getpid(), "host": socket.gethostname(),
-            "hardware": measured(self.gpus, res.cpus, res.memory_gb),
+            "hardware": measured(self.gpus, res.cpus, res.memory_gb), "slurm": self.slurm,
         }
         if usage is not None:  # time lost to model API retries is kept apart from the agent's own time
             fields.update(model_calls=usage.calls, tokens=usage.usage.total_tokens,
@@ -653,11 +670,16 @@ def make_run_sandbox(spec: RunSpec, paths: RunPaths, public_dir: Path, grader_id
 
 
 def choose_final(events: Sequence[Mapping[str, Any]]) -> str | None:
-    """The snapshot a run submits: the best on the held-out selection split when the run has one (lowest mean
-    position; the latest of equals), else the agent's last choice, else the latest valid, else the latest."""
+    """The snapshot a run submits (see :func:`final_choice`)."""
+    return final_choice(events)[0]
+
+
+def final_choice(events: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
+    """(the snapshot a run submits, why). With a held-out selection split: the best of the agent's candidates on
+    the selection cases (:func:`best_on_selection`); a snapshot the agent marked as a fallback (``metadata.fallback``)
+    is no candidate. Otherwise the agent's last choice, else the latest valid snapshot, else the latest."""
     selected = latest_valid = latest = None
-    best: tuple[float, int] | None = None
-    best_selection = None
+    candidates: list[tuple[int, str, Mapping[str, Any]]] = []
     for number, event in enumerate(events):
         if event["kind"] == "final_selected":
             selected = event["snapshot"]
@@ -665,10 +687,48 @@ def choose_final(events: Sequence[Mapping[str, Any]]) -> str | None:
             latest = event["snapshot"]
             if event.get("valid"):
                 latest_valid = event["snapshot"]
-            score = (event.get("selection") or {}).get("score")
-            if event.get("valid") and score is not None and (best is None or (score, -number) <= best):
-                best, best_selection = (score, -number), event["snapshot"]
-    return best_selection or selected or latest_valid or latest
+            selection = event.get("selection") or {}
+            fallback = (event.get("metadata") or {}).get("fallback")
+            graded = selection.get("score") is not None or bool(selection.get("metrics"))
+            if event.get("valid") and not fallback and graded and selection.get("status", "valid") == "valid":
+                candidates.append((number, event["snapshot"], selection))
+    if candidates:
+        return best_on_selection(candidates), ("the best of the agent's candidates on the held-out selection cases "
+                                               "(the task's ranked metrics; see choose_final)")
+    if selected is not None:
+        return selected, "the agent's choice"
+    if latest_valid is not None:
+        return latest_valid, "the latest valid snapshot (the agent chose none)"
+    return latest, ("the latest snapshot, not valid (the agent chose none)" if latest else "no snapshot")
+
+
+def best_on_selection(candidates: Sequence[tuple[int, str, Mapping[str, Any]]]) -> str:
+    """The candidate (journal position, snapshot, selection grade) that is best on the selection cases.
+
+    By the task's ranked metrics in their grader's directions (``selection.ranked``): each candidate's position
+    among the candidates on each metric (1 + the number strictly better; an undefined value is worst), averaged over
+    the metrics, lowest first; one ranked metric is simply compared. Ties go to the better position on the task's
+    leaderboard (``selection.score``, the mean position against the human rows), then to the latest snapshot.
+    Grades recorded before the directions were (no ``ranked``) are compared by leaderboard position alone."""
+    def value(selection: Mapping[str, Any], metric: str) -> float | None:
+        number = (selection.get("metrics") or {}).get(metric)
+        return None if number is None or number != number else float(number)
+
+    def better(a: float | None, b: float | None, direction: str) -> bool:
+        if a is None:
+            return False
+        return b is None or (a < b if direction == "lower_better" else a > b)
+
+    ranked = next((c[2]["ranked"] for c in reversed(candidates) if c[2].get("ranked")), {})
+    keys = []
+    for number, snapshot, selection in candidates:
+        mean_rank = 0.0
+        if ranked:
+            mean_rank = sum(1 + sum(better(value(other, m), value(selection, m), d) for _, _, other in candidates)
+                            for m, d in ranked.items()) / len(ranked)
+        position = selection.get("score")
+        keys.append((mean_rank, float("inf") if position is None else float(position), -number, snapshot))
+    return min(keys)[3]
 
 
 def agent_choice(events: Sequence[Mapping[str, Any]]) -> str | None:
@@ -694,6 +754,8 @@ class SelectionScorer:
         self.selection = selection
         self.id_column = grader.schema.id_column
         self.scratch = scratch
+        # what choose_final compares candidates by: the ranked metrics and their directions, from the grader
+        self.ranked = {m.name: m.direction.value for m in grader.ranked_metrics}
 
     def __call__(self, submission_dir: Path) -> dict[str, Any]:
         from rexmle_grade.evaluate import evaluate_submission
@@ -706,7 +768,7 @@ class SelectionScorer:
         entry = evaluate_submission(self.selection.selection, dest)
         shutil.rmtree(dest, ignore_errors=True)
         return {"k": len(self.selection.selection_ids), "status": entry.status, "score": entry.score,
-                "percentile": entry.percentile, "metrics": entry.metrics}
+                "percentile": entry.percentile, "metrics": entry.metrics, "ranked": dict(self.ranked)}
 
 
 def replay_model(cassette: Path, ledger: UsageLedger) -> Model:

@@ -126,9 +126,11 @@ def view_command(
 # rexmle runs status / show
 
 
-def status_tables(runs_dir: Path, group: str | None) -> tuple[list[Any], int]:
+def status_tables(runs_dir: Path, group: str | None, *, cluster_note: str | None = None) -> tuple[list[Any], int]:
     """A table per group of every run folder under ``runs_dir`` (or one group): model, state, steps, time, tokens,
-    cost, percentile, with the group's total as its caption and, below, why runs that did not finish ended."""
+    cost, percentile (and for runs of the SLURM executor their job: id, SLURM's state or pending reason), with the
+    group's total as its caption and, below, why runs that did not finish ended. ``cluster_note``: where the job
+    states come from (said under groups with SLURM jobs)."""
     from rexmle_agents.results.live import LiveRuns, format_seconds
     from rexmle_agents.results.loader import load_runs
     from rexmle_agents.results.rows import model_label
@@ -147,19 +149,24 @@ def status_tables(runs_dir: Path, group: str | None) -> tuple[list[Any], int]:
     groups = sorted({r.group for r in runs.runs} | {p.parent.name for p, _ in runs.refused})
     for name in groups:
         table = Table(title=f"group {name} ({escape(str(runs_dir / name))})", title_justify="left")
-        for column in ("run", "model", "state", "steps", "time", "tokens", "cost", "percentile"):
-            folds = column in ("run", "model")
+        members = [r for r in runs.runs if r.group == name]
+        with_jobs = any(r.cluster is not None and r.cluster.last is not None for r in members)
+        columns = ("run", "model", "state", *(("SLURM job",) if with_jobs else ()), "steps", "time", "tokens", "cost",
+                   "percentile")
+        for column in columns:
+            folds = column in ("run", "model", "SLURM job")
             table.add_column(column, overflow="fold" if folds else "ellipsis", no_wrap=not folds)
         states: dict[str, int] = {}
         tokens_total, cost_total, notes = 0, 0.0, []
-        for run in sorted((r for r in runs.runs if r.group == name), key=lambda r: r.run_id):
+        for run in sorted(members, key=lambda r: r.run_id):
             status, now = run.status, live.get(run.run_dir)
             tokens = status.tokens if status.tokens is not None else (now.tokens if now else None)
             cost = status.cost_usd if status.cost_usd is not None else (now.cost_usd if now else None)
             active = now is not None and status.state == "running"
             pct = "-" if run.grade is None or run.grade.percentile is None else f"{run.grade.percentile:.1%}"
             table.add_row(Text(run.run_id), Text(printable(model_label(run.spec.models), one_line=True)),
-                          Text(status.state),
+                          Text(status.state + (" (cluster)" if status.cluster_stop else "")),
+                          *((Text(job_cell(run)),) if with_jobs else ()),
                           str(now.steps if active else status.steps),
                           format_seconds(now.elapsed() if active else status.elapsed_s),
                           "-" if tokens is None else f"{tokens:,}", "-" if cost is None else f"${cost:.2f}",
@@ -172,8 +179,8 @@ def status_tables(runs_dir: Path, group: str | None) -> tuple[list[Any], int]:
                              + f": {printable(status.reason, one_line=True)}")
         refused = [(p, why) for p, why in runs.refused if p.parent.name == name]
         for folder, why in refused:
-            table.add_row(Text(printable(folder.name, one_line=True)), "", Text("refused", style="red"), "", "", "", "",
-                          "")
+            table.add_row(Text(printable(folder.name, one_line=True)), "", Text("refused", style="red"),
+                          *[""] * (len(columns) - 3))
             notes.append(f"{printable(folder.name, one_line=True)}: refused: {printable(why, one_line=True)}")
         count = sum(states.values()) + len(refused)
         table.caption = (f"total: {count} run(s) · " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
@@ -181,8 +188,23 @@ def status_tables(runs_dir: Path, group: str | None) -> tuple[list[Any], int]:
                          + (" · † synthetic data: not comparable with the human board" if any(
                              r.synthetic for r in runs.runs if r.group == name) else ""))
         out.append(table)
+        if with_jobs and cluster_note:
+            out.append(Text(f"SLURM job states: {cluster_note}", style="dim"))
         out += [Text(note, style="dim") for note in notes]
     return out, len(runs) + len(runs.refused)
+
+
+def job_cell(run: Any) -> str:
+    """``12_3 RUNNING on node7``, ``12_4 PENDING (Resources)``, ``12_5 COMPLETED 0:0`` (and its requeues)."""
+    job = run.cluster.last if run.cluster is not None else None
+    if job is None:
+        return "-"
+    detail = (f"({job.reason})" if job.state == "PENDING" and job.reason else
+              f"on {job.node}" if job.state == "RUNNING" and job.node else
+              job.exit_code or "" if job.state not in ("PENDING", "RUNNING") else "")
+    requeues = sum(j.requeues for j in run.cluster.jobs)
+    return " ".join(x for x in (job.job_id, job.state or "?", detail,
+                                f"requeued {requeues}x" if requeues else "") if x)
 
 
 def find_run(reference: Path, runs_dir: Path) -> Path:
@@ -215,6 +237,10 @@ def show_run(run_dir: Path, out: Console) -> None:
         out.print(Text(banner(run.data_kind) or "", style="yellow"))
     out.print(Text(f"{run.run_dir}\n{status.state}" + (f" (limit: {status.limit})" if status.limit else "")
                    + f": {printable(status.reason or '-', one_line=True)} · {status.attempts} attempt(s)"))
+    jobs = run.cluster.jobs if run.cluster is not None else []
+    if jobs:
+        earlier = f" (after {', '.join(j.job_id for j in jobs[:-1])})" if len(jobs) > 1 else ""
+        out.print(Text(f"SLURM job {job_cell(run)}{earlier} · recorded from {jobs[-1].source}", style="dim"))
     limits = spec.limits
     budget = Table(title="budgets", title_justify="left")
     for column in ("budget", "used", "limit"):

@@ -221,3 +221,7 @@ def write_figures(report: GroupReport, runs: Any, folder: Path, *, max_curves: i
         paths, marks = search_curve(path, folder, run.run_id, title=title)
         written[paths[0].stem] = marks
     return written
+
+
+# the same look and files for the figures of other reports (rexmle analyse)
+pyplot, save_figure, figure_title = _pyplot, _save, _title

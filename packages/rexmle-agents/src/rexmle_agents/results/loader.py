@@ -13,7 +13,8 @@ What is refused and what is read:
   strings become Unix seconds, a ``status.json`` without hardware or usage leaves those unknown, a ``grade.json``
   without ``synthetic`` takes it from the task's prepared data when that is still there;
 * a record or journal line that breaks the schema is kept out and listed in :attr:`RunRecord.problems`, never
-  guessed at, so a report says what it could not use.
+  guessed at, so a report says what it could not use;
+* ``cluster.json`` (runs of the SLURM executor: their jobs as SLURM reported them) is read when present.
 
 Journals are scanned with ``mmap``: a scaffold saves its whole search tree after every node (``agent_state``), so
 a long run's journal is mostly those lines; only the last one per key is parsed.
@@ -34,11 +35,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, RunSpec
-from rexmle_agents.results.records import EVENT_ADAPTER, EVENT_KINDS, PENDING_STATUS, RUN_STATES, RunStatus
+from rexmle_agents.results.records import (
+    EVENT_ADAPTER,
+    EVENT_KINDS,
+    PENDING_STATUS,
+    RUN_STATES,
+    ClusterRecord,
+    RunStatus,
+)
 from rexmle_grade.errors import RexmleError, UserInputError
 from rexmle_grade.report import ReportEntry
 
 SPEC_FILE, STATUS_FILE, JOURNAL_FILE, GRADE_FILE = "spec.json", "status.json", "journal.jsonl", "grade.json"
+CLUSTER_FILE = "cluster.json"  # only runs of the SLURM executor have one
 # journal lines are written by json.dumps (", " and ": ") or by pydantic (compact); both forms are recognised
 _STATE_PREFIXES = (b'{"kind": "agent_state"', b'{"kind":"agent_state"')
 _STATE_KEY = re.compile(rb'"key":\s?"((?:[^"\\]|\\.)*)"')
@@ -175,6 +184,7 @@ class RunRecord:
     grade: ReportEntry | None
     synthetic: bool | None  # None: unknown (an older grade.json, and the task's data is gone)
     problems: list[str] = field(default_factory=list)
+    cluster: ClusterRecord | None = None  # the run's SLURM jobs (cluster.json), None for runs of other executors
     _journal: JournalScan | None = None
 
     @property
@@ -204,7 +214,8 @@ def load_run(run_dir: str | Path) -> RunRecord:
     status = _read_status(run_dir / STATUS_FILE, problems)
     grade = _read_grade(run_dir / GRADE_FILE, problems)
     synthetic = grade.synthetic if grade is not None and grade.synthetic is not None else _prepared_synthetic(spec)
-    return RunRecord(run_dir=run_dir, spec=spec, status=status, grade=grade, synthetic=synthetic, problems=problems)
+    return RunRecord(run_dir=run_dir, spec=spec, status=status, grade=grade, synthetic=synthetic, problems=problems,
+                     cluster=_read_cluster(run_dir / CLUSTER_FILE, problems))
 
 
 def _read_spec(run_dir: Path) -> RunSpec:
@@ -258,6 +269,17 @@ def _read_grade(path: Path, problems: list[str]) -> ReportEntry | None:
     except ValidationError as exc:
         problems.append(f"{GRADE_FILE} does not match the run format ({_first_error(exc)}); the run counts as "
                         "ungraded")
+        return None
+
+
+def _read_cluster(path: Path, problems: list[str]) -> ClusterRecord | None:
+    if not path.is_file():
+        return None
+    try:
+        return ClusterRecord.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        problems.append(f"{CLUSTER_FILE} does not match the run format ({_first_error(exc)}); the run's SLURM jobs "
+                        "are not shown")
         return None
 
 

@@ -1,7 +1,8 @@
 """The run format as typed records: ``status.json`` and every ``journal.jsonl`` event kind.
 
 ``spec.json`` is :class:`~rexmle_agents.harness.spec.RunSpec` and ``grade.json`` is
-:class:`~rexmle_grade.report.ReportEntry`; this module types the rest of a run folder. These models are the source
+:class:`~rexmle_grade.report.ReportEntry`; this module types the rest of a run folder (and ``cluster.json``, which
+runs of the SLURM executor have: their jobs as SLURM reported them). These models are the source
 of the published JSON Schema files (:mod:`rexmle_agents.results.schema`), so the files and the code that reads run
 folders cannot drift apart.
 
@@ -73,6 +74,17 @@ class Hardware(_Record):
     gpu_names: list[str] = Field(default_factory=list)
 
 
+class SlurmRef(_Record):
+    """The SLURM job an attempt ran in (from the job's environment)."""
+
+    job_id: str = Field(description="SLURM's name of the job: ARRAY_TASK for an array task (12_3), else the id")
+    array_job_id: str | None = None
+    array_task_id: int | None = None
+    requeues: int = Field(default=0, description="times SLURM requeued the job before this attempt "
+                                                 "(SLURM_RESTART_COUNT)")
+    node: str | None = None
+
+
 class RunStatus(_Record):
     """``status.json``: where a run stands; rewritten at every state change and heartbeat (atomically)."""
 
@@ -102,6 +114,13 @@ class RunStatus(_Record):
     uncosted_calls: int | None = None
     unknown_usage_calls: int | None = None
     model_retry_s: float | None = Field(default=None, description="time lost to model-API retries (kept apart)")
+    slurm: SlurmRef | None = Field(default=None, description="the SLURM job of the latest attempt (absent outside "
+                                                             "SLURM)")
+    cluster_stop: str | None = Field(
+        default=None, description="set when the cluster, not the harness, stopped the run: SLURM's job state "
+                                  "(CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, REQUEUED, or PENDING "
+                                  "for a job SLURM will never start); such a run has not concluded, and running its "
+                                  "group again resumes it")
 
 
 PENDING_STATUS = RunStatus(state="pending")
@@ -131,6 +150,7 @@ class RunStarted(_Event):
     limits: dict[str, Any] | None = Field(default=None, description="the limits in force (memory, disk, files, "
                                                                     "processes) and how defaults were chosen")
     sandbox_user: str | None = Field(default=None, description="the user agent code ran as, when not the harness's")
+    slurm: SlurmRef | None = Field(default=None, description="the SLURM job of this attempt (absent outside SLURM)")
 
 
 class RunResumed(RunStarted):
@@ -276,6 +296,19 @@ class Graded(_Event):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class ClusterEvent(_Event):
+    """What the cluster did to the run, written by the SLURM executor (never by the harness): the job stopped
+    before the run concluded, was requeued, or will never start."""
+
+    kind: Literal["cluster"]
+    event: str = Field(description="stopped (by SLURM: scancel, preemption, node failure), requeued, time_limit, "
+                                   "killed (the harness died: out of memory?), never_started, locked")
+    job_id: str
+    job_state: str | None = Field(default=None, description="SLURM's state of the job when it was seen")
+    reason: str | None = Field(default=None, description="SLURM's reason")
+    message: str = Field(description="what happened and what happens next, for people")
+
+
 class ScaffoldSummary(_Event):
     kind: Literal["scaffold_summary"]
     nodes: list[dict[str, Any]]
@@ -302,12 +335,59 @@ class ModelCall(_Record):
 EVENT_MODELS: tuple[type[BaseModel], ...] = (
     RunStarted, RunResumed, StepStarted, StepFinished, StepInterrupted, ExecStarted, ExecFinished, CodeWritten,
     ValidationEvent, SnapshotEvent, CollectRefused, FinalSelected, AgentState, LogEvent, WarningEvent,
-    BudgetExhausted, AgentError, FinalCollected, RunFinished, Graded, ScaffoldSummary, ModelCall,
+    BudgetExhausted, AgentError, FinalCollected, RunFinished, Graded, ClusterEvent, ScaffoldSummary, ModelCall,
 )
 EVENT_KINDS: dict[str, type[BaseModel]] = {m.model_fields["kind"].annotation.__args__[0]: m  # type: ignore[union-attr]
                                            for m in EVENT_MODELS}
 JournalEvent = Annotated[Union[EVENT_MODELS], Field(discriminator="kind")]  # type: ignore[valid-type]
 EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(JournalEvent)
 
+# ---------------------------------------------------------------------------------------------------------------
+# cluster.json: the run's SLURM jobs as the scheduler reported them
+
+
+class SlurmJobRecord(_Record):
+    """One SLURM job of a run, as last seen: by its accounting (``sacct``), or while it existed (``squeue``,
+    ``scontrol``), or by the job itself."""
+
+    job_id: str = Field(description="ARRAY_TASK for an array task (12_3), else the id")
+    array_job_id: str | None = None
+    array_task_id: int | None = None
+    state: str | None = Field(default=None, description="SLURM's job state: PENDING, RUNNING, COMPLETED, CANCELLED, "
+                                                        "TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, FAILED, ...")
+    reason: str | None = Field(default=None, description="SLURM's reason (why it waits, or why it ended)")
+    exit_code: str | None = Field(default=None, description="EXIT:SIGNAL, as SLURM reports it")
+    node: str | None = None
+    partition: str | None = None
+    submit_time: str | None = Field(default=None, description="ISO-8601")
+    start_time: str | None = None
+    end_time: str | None = None
+    elapsed_s: float | None = Field(default=None, description="run time of the job (its latest start)")
+    queue_wait_s: float | None = Field(default=None, description="from submission (or requeue) to start")
+    time_limit_s: float | None = None
+    requeues: int = 0
+    cpus: int | None = None
+    memory_mb: int | None = None
+    gpus: int | None = None
+    log: str | None = Field(default=None, description="the job's output file (the harness's log)")
+    source: Literal["sbatch", "squeue", "scontrol", "sacct", "job"] = Field(
+        description="where the record came from: the submission, the queue, the controller (while the job is "
+                    "known to it), the accounting database, or the job itself")
+    observed_at: str = Field(description="ISO-8601, when it was seen")
+
+
+class ClusterRecord(_Record):
+    """``cluster.json``: every SLURM job of a run (oldest first) and whether the cluster keeps accounting."""
+
+    scheduler: Literal["slurm"] = "slurm"
+    accounting: str = Field(description="sacct, or why there is none (the records then come from squeue and "
+                                        "scontrol while each job existed)")
+    jobs: list[SlurmJobRecord] = Field(default_factory=list)
+
+    @property
+    def last(self) -> SlurmJobRecord | None:
+        return self.jobs[-1] if self.jobs else None
+
+
 __all__ = ["EVENT_ADAPTER", "EVENT_KINDS", "EVENT_MODELS", "LIMITS", "PENDING_STATUS", "RUN_FORMAT_VERSION",
-           "RUN_STATES", "Hardware", "JournalEvent", "RunStatus"]
+           "RUN_STATES", "ClusterRecord", "Hardware", "JournalEvent", "RunStatus", "SlurmJobRecord", "SlurmRef"]

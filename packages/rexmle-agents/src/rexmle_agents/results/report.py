@@ -280,10 +280,30 @@ def footer_lines(report: GroupReport) -> list[str]:
                      "run each, on the data kind their row shows; they are references, never padded or totalled")
     if report.duplicates:
         lines.append(f"left out as earlier duplicates of the same cell: {', '.join(report.duplicates)}")
+    lines += cluster_lines(report)
     lines += [f"refused {r.run_dir}: {r.reason}" for r in report.refused]
     lines += [f"{p.run_id}: {p.problem}" for p in report.problems[:30]]
     if len(report.problems) > 30:
         lines.append(f"... and {len(report.problems) - 30} more problem(s) (see the JSON report)")
+    return lines
+
+
+def cluster_lines(report: GroupReport) -> list[str]:
+    """For runs of the SLURM executor: how their jobs ended, and which runs the cluster ended, not the agent."""
+    jobs = [r for r in report.runs if r.job_id]
+    if not jobs:
+        return []
+    states: dict[str, int] = {}
+    for row in jobs:
+        states[row.job_state or "unknown"] = states.get(row.job_state or "unknown", 0) + 1
+    sources = sorted({r.job_source or "?" for r in jobs})
+    where = ("SLURM's accounting (sacct)" if sources == ["sacct"] else
+             f"{'/'.join(sources)}: the cluster keeps no accounting storage, so jobs were recorded while they "
+             "existed" if "sacct" not in sources else "/".join(sources))
+    lines = [f"SLURM jobs of {len(jobs)} run(s): " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+             + f"; {sum(r.requeues or 0 for r in jobs)} requeue(s); job records from {where}"]
+    lines += [f"ended by the cluster, not the agent: {r.run_id}: {r.state}: {r.reason}"
+              for r in report.runs if r.ended_by_cluster]
     return lines
 
 

@@ -1,9 +1,10 @@
 """One row per run: what it was, how it scored, and the comparability columns the harness recorded.
 
-Everything in a :class:`RunRow` comes from the run folder (spec, status, grade) or the task registry, never from
-what a user declares: hardware as measured, the time budget and the time used, steps, tokens and cost, the sandbox
-and therefore the network, whether any held-out signal was reachable, the selection split's K, versions, the seed,
-and whether the data was synthetic. Rows are the tidy per-run table and the input of every aggregate.
+Everything in a :class:`RunRow` comes from the run folder (spec, status, grade, cluster.json) or the task registry,
+never from what a user declares: hardware as measured, the time budget and the time used, steps, tokens and cost,
+the sandbox and therefore the network, whether any held-out signal was reachable, the selection split's K, versions,
+the seed, whether the data was synthetic, and for SLURM runs their job as SLURM reported it and whether the cluster
+ended the run. Rows are the tidy per-run table and the input of every aggregate.
 
 Counting rule (also in :data:`RULES`): an invalid, missing or ungraded submission counts as percentile 0 and takes
 position N+1 on a board of N rows (last on every metric, which is what percentile 0 means); a task without a human
@@ -91,6 +92,17 @@ class RunRow(BaseModel):
     started_at: str | None
     finished_at: str | None
     problems: int
+    # the run's latest SLURM job as SLURM reported it (None outside SLURM), and whether the cluster, not the agent
+    # or the harness, ended the run (cancelled, preempted, timed out by SLURM, node failure, out of memory)
+    job_id: str | None = None
+    job_state: str | None = None
+    job_exit_code: str | None = None
+    job_elapsed_s: float | None = None
+    queue_wait_s: float | None = None
+    job_node: str | None = None
+    requeues: int | None = None
+    job_source: str | None = None
+    ended_by_cluster: bool = False
 
 
 def model_label(models: dict[str, str]) -> str:
@@ -172,4 +184,15 @@ def run_row(run: RunRecord) -> RunRow:
         grader_id=grade.grader_id if grade is not None else "",
         leaderboard_version=grade.leaderboard_version if grade is not None else None,
         started_at=status.started_at, finished_at=status.finished_at, problems=len(run.problems),
+        **cluster_columns(run),
     )
+
+
+def cluster_columns(run: RunRecord) -> dict[str, Any]:
+    job = run.cluster.last if run.cluster is not None else None
+    if job is None:
+        return {"ended_by_cluster": run.status.cluster_stop is not None}
+    return {"job_id": job.job_id, "job_state": job.state, "job_exit_code": job.exit_code,
+            "job_elapsed_s": job.elapsed_s, "queue_wait_s": job.queue_wait_s, "job_node": job.node,
+            "requeues": sum(j.requeues for j in run.cluster.jobs),
+            "job_source": job.source, "ended_by_cluster": run.status.cluster_stop is not None}

@@ -10,6 +10,7 @@ when a file differs from the models (a test runs it), ``--write`` regenerates th
 | ``status.schema.json`` | ``status.json`` (:class:`~rexmle_agents.results.records.RunStatus`) |
 | ``journal-event.schema.json`` | one line of ``journal.jsonl``: one of the event kinds, chosen by ``kind`` |
 | ``grade.schema.json`` | ``grade.json`` (:class:`~rexmle_grade.report.ReportEntry`) |
+| ``cluster.schema.json`` | ``cluster.json`` of SLURM runs (:class:`~rexmle_agents.results.records.ClusterRecord`) |
 | ``group-report.schema.json`` | ``runs/<group>/report.json`` (:class:`~rexmle_agents.results.report.GroupReport`) |
 """
 
@@ -54,6 +55,12 @@ def _grade() -> dict[str, Any]:
     return ReportEntry.model_json_schema()
 
 
+def _cluster() -> dict[str, Any]:
+    from rexmle_agents.results.records import ClusterRecord
+
+    return ClusterRecord.model_json_schema()
+
+
 def _group_report() -> dict[str, Any]:
     from rexmle_agents.results.report import GroupReport
 
@@ -65,6 +72,7 @@ SCHEMAS: dict[str, tuple[Callable[[], dict[str, Any]], str]] = {
     "status": (_status, "status.json: where a run stands, what it used and on which hardware"),
     "journal-event": (_journal_event, "one line of journal.jsonl (every event has kind and time, Unix seconds)"),
     "grade": (_grade, "grade.json: the run's final submission graded and ranked against the human board"),
+    "cluster": (_cluster, "cluster.json: the SLURM jobs of a run of the SLURM executor, as SLURM reported them"),
     "group-report": (_group_report, "runs/<group>/report.json: every run of a group, the table and its rules"),
 }
 

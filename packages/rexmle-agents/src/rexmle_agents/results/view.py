@@ -15,6 +15,7 @@ import datetime as dt
 import html
 import json
 import math
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,9 @@ def _node_json(node: NodeView, xy: tuple[float, float], run_dir: str) -> dict[st
     }
 
 
-def run_page(run: RunRecord) -> dict[str, Any]:
+def run_page(run: RunRecord, capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run's page data; ``capabilities`` (from ``rexmle analyse``) adds each factor's verdicts and, per node, the
+    evidence quoted from it."""
     path: Trajectory = trajectory(run)
     coords, width, height = layout(path.nodes)
     spec, status, grade = run.spec, run.status, run.grade
@@ -136,6 +139,7 @@ def run_page(run: RunRecord) -> dict[str, Any]:
         "model_calls": calls, "model_calls_total": len(path.model_calls),
         "grade": _grade_json(grade),
         "problems": list(run.problems),
+        "capabilities": capabilities,
     }
 
 
@@ -182,11 +186,12 @@ def group_page(report: GroupReport) -> dict[str, Any]:
             "refused": [r.model_dump() for r in report.refused]}
 
 
-def render_html(runs: RunSet, report: GroupReport | None = None, *, title: str | None = None) -> str:
+def render_html(runs: RunSet, report: GroupReport | None = None, *, title: str | None = None,
+                capabilities: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The page of one run (a single run, no report) or of a group (the table and every run's page)."""
     data: dict[str, Any] = {
         "generated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "runs": {run.run_id: run_page(run) for run in runs.runs},
+        "runs": {run.run_id: run_page(run, (capabilities or {}).get(run.run_id)) for run in runs.runs},
         "group": group_page(report) if report is not None else None,
     }
     title = title or (f"rexmle run {runs.runs[0].run_id}" if report is None and runs.runs else "rexmle runs")
@@ -213,9 +218,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_view(runs: RunSet, out: Path, report: GroupReport | None = None) -> Path:
+def write_view(runs: RunSet, out: Path, report: GroupReport | None = None, *,
+               capabilities: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(runs, report), encoding="utf-8")
+    out.write_text(render_html(runs, report, capabilities=capabilities), encoding="utf-8")
     return out
 
 

@@ -125,6 +125,7 @@
       el("span", {}, el("span", { class: "dot", style: "border:3px solid var(--final)" }), "final (submitted)")));
     const detail = el("div", { class: "detail", id: "node-detail" }, el("p", { class: "muted" }, "click a node"));
     children.push(el("div", { class: "layout" }, el("div", { class: "treebox" }, drawTree(run, detail)), detail));
+    if (run.capabilities) children.push(...capabilitySection(run, detail));
     if (run.tree.knowledge.length) {
       children.push(el("h2", {}, "knowledge log"));
       children.push(table(["outcome", "entry"], run.tree.knowledge.map((k) => [String(k.outcome || ""), JSON.stringify(k)])));
@@ -194,6 +195,13 @@
     for (const [name, text] of [["hypothesis", node.hypothesis], ["plan", node.plan], ["review", node.analysis], ["lesson", node.lesson]]) {
       if (text) parts.push(el("h2", {}, name), el("pre", { class: "text" }, text));
     }
+    const quoted = run.capabilities ? run.capabilities.evidence[String(node.id)] || [] : [];
+    if (quoted.length) {
+      parts.push(el("h2", {}, "capability evidence quoted from this " + (run.tree.kind === "tree" ? "node" : "step")));
+      parts.push(el("ul", { class: "evidence" }, quoted.map((q) => el("li", { class: q.verified ? "verified" : "unverified" },
+        el("b", {}, q.factor), " (" + q.source + (q.verified ? ", found in its " + q.where : ", NOT found: " + q.problem) + ")",
+        el("pre", { class: "text" }, q.quote)))));
+    }
     parts.push(el("h2", {}, "code"), el("pre", { id: "node-code" }, node.code || "(no code)"));
     for (const run_ of node.executions) {
       parts.push(el("h2", {}, "execution " + run_.name + ": " + (run_.stopped_by ? "stopped by " + run_.stopped_by :
@@ -202,6 +210,17 @@
       if (run_.logs.length) parts.push(el("p", { class: "muted" }, "full output: " + run_.logs.join(", ")));
     }
     detail.replaceChildren(...parts);
+  }
+
+  // the verdicts of `rexmle analyse` on each success factor; a node number shows that node and what it quoted
+  function capabilitySection(run, detail) {
+    const caps = run.capabilities;
+    const byId = new Map(run.tree.nodes.map((n) => [n.id, n]));
+    const links = (ids) => el("span", {}, ids.map((id) => byId.has(id) ? el("a", { href: "#", class: "run",
+      onclick: (event) => { event.preventDefault(); showNode(run, byId.get(id), detail); } }, String(id)) : String(id)));
+    const rows = caps.factors.map((f) => [f.name, f.judge || "-", f.detector || "-", links(f.nodes)]);
+    return [el("h2", {}, "success factors (rexmle analyse: " + caps.judge + ", rubric " + caps.rubric_version + ")"),
+      table(["factor", "judge", "detector", "evidence in nodes"], rows)];
   }
 
   function gradeSection(grade) {

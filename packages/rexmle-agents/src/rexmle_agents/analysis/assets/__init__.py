@@ -1,0 +1,1 @@
+"""Package data of the capability analysis: rubrics, the judge's prompts, the labelled example runs."""
