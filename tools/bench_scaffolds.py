@@ -6,7 +6,7 @@ answers instantly, so the time is the harness, the sandbox, the scaffold's bookk
 (a small numpy fit per node, one crashing draft to exercise the debug path). Target of the scaffolds issue: a
 20-node ``aide`` run in under 2 minutes on 2 cores.
 
-    python tools/bench_scaffolds.py [--nodes 20] [--presets aide,mcts,rdloop] [--sandbox bwrap]
+    python tools/bench_scaffolds.py [--nodes 20] [--presets aide,mcts,rdloop,evo] [--sandbox bwrap]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def load_fakes():
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20)
-    parser.add_argument("--presets", default="aide,mcts,rdloop")
+    parser.add_argument("--presets", default="aide,mcts,rdloop,evo")
     parser.add_argument("--sandbox", default="bwrap")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

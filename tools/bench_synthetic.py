@@ -9,7 +9,8 @@ server of issue 21's check: first drafts are the simplest method (an image stati
 a realistic first-draft bug (a wrong column name, a missing file suffix, the submission written to the wrong
 folder); a debug fixes the bug of the script it is shown; an improvement moves the script one level up (the first
 improvement to a trained model carries a bug again); a merge takes the higher level of its parents one level up;
-reviews report the printed metric honestly. The levels:
+an improvement of a script it has improved before tries a bigger step (one more level per earlier try from that
+level), as a model that sees its sibling's result would; reviews report the printed metric honestly. The levels:
 
 - LDCT-IQA: 0 the image's standard deviation (one statistic) and a line; 1 multi-scale noise residuals + ridge;
   2 + tissue high-pass, Laplacian and spectral bands; 3 the same features with gradient boosting.
@@ -264,6 +265,7 @@ class RealisticStyleModel:
         self.task = task
         self.drafts = 0
         self.improvements_to_level2 = 0
+        self.improvements_from: dict[int, int] = {}  # level -> improvements asked for from a script of that level
         self.lock = threading.Lock()
         self.calls = 0
 
@@ -287,7 +289,11 @@ class RealisticStyleModel:
             level = shown[0][0] if shown else 0
             return _answer("Fix the bug the error shows.", script(self.task, level))
         if heading.startswith(("# Your job: improve", "# Your job: merge")):
-            level = min(3, max((lv for lv, _ in shown), default=0) + 1)
+            start = max((lv for lv, _ in shown), default=0)
+            with self.lock:
+                tries = self.improvements_from.get(start, 0)
+                self.improvements_from[start] = tries + 1
+            level = min(3, start + 1 + tries)
             bug = None
             if level == 2:
                 with self.lock:
@@ -349,10 +355,16 @@ def quick_baseline(task: str, root: Path, work: Path) -> tuple[str, dict[str, An
     from rexmle_baselines.base import preferred_baseline
 
     name = preferred_baseline(task, "quick")
+    record = work / "baseline.json"
+    if record.is_file():  # made by an earlier invocation with --keep: graded again, not trained again
+        done = json.loads(record.read_text())
+        return done["name"], grade(task, root, work / "submission"), done["seconds"]
     started = time.monotonic()
     run = run_baseline(name, task, data_root=root, config="quick", device="cpu", out=work / "submission",
                        work_dir=work / "work")
-    return name, grade(task, root, run.submission_dir), time.monotonic() - started
+    seconds = time.monotonic() - started
+    record.write_text(json.dumps({"name": name, "seconds": seconds}))
+    return name, grade(task, root, run.submission_dir), seconds
 
 
 def run_preset(task: str, root: Path, runs: Path, preset: str, nodes: int, exec_timeout: float) -> dict[str, Any]:
@@ -368,7 +380,8 @@ def run_preset(task: str, root: Path, runs: Path, preset: str, nodes: int, exec_
     final = json.loads((outcome.run_dir / "final" / "metadata.json").read_text())
     code = (outcome.run_dir / "final" / "best_solution.py")
     level = _LEVEL.search(code.read_text()).group(1) if code.is_file() else "-"
-    return {"valid": bool(entry and entry.valid_submission), "score": entry.metrics.get(PRIMARY[task]) if entry else None,
+    return {"valid": bool(entry and entry.valid_submission),
+            "score": entry.metrics.get(PRIMARY[task]) if entry else None,
             "percentile": entry.percentile if entry else None, "seconds": time.monotonic() - started,
             "level": level, "chosen_by": final.get("chosen_by", "")}
 
@@ -401,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 sample = grade(task, root, public / "sample_submission")
                 baseline_name, baseline = "-", {"score": None, "percentile": None}
                 if not args.no_baseline:
-                    baseline_name, baseline, seconds = quick_baseline(task, root, base / f"baseline-{task}-{difficulty}")
+                    work = base / f"baseline-{task}-{difficulty}"
+                    baseline_name, baseline, seconds = quick_baseline(task, root, work)
                     print(f"{task} {difficulty}: quick baseline {baseline_name} {fmt(baseline['score'])} "
                           f"({seconds:.0f} s)", flush=True)
                 for preset in args.presets.split(","):

@@ -69,6 +69,32 @@ def test_concurrent_appends_never_interleave(tmp_path: Path) -> None:
     assert len(events) == 100 and all(e["payload"] == payload for e in events)
 
 
+def test_each_event_is_forced_to_disk_before_append_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append("run_started")
+    synced: list[tuple[int, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        info = os.fstat(fd)
+        synced.append((info.st_ino, info.st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    journal.append("step_started", step=1)
+    info = journal.path.stat()
+    assert synced == [(info.st_ino, info.st_size)]  # the journal file, once the new line was written
+
+
+def test_appending_leaves_no_file_open(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append("run_started")
+    before = len(os.listdir("/proc/self/fd"))
+    for step in range(20):
+        journal.append("step_started", step=step)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_missing_journal_has_no_events_and_needs_no_repair(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "absent.jsonl")
     assert journal.events() == [] and journal.repair() == 0
@@ -140,7 +166,7 @@ def totals(calls: int, cost: float) -> dict[str, object]:
 def test_a_fresh_run_has_no_attempts_time_or_steps() -> None:
     state = journal_state([], {})
     assert (state.attempts, state.consumed_s, state.steps_started, state.open_steps) == (0, 0.0, 0, ())
-    assert state.run_totals.calls == 0
+    assert state.run_totals.calls == 0 and state.steps_finished == 0
 
 
 def test_attempts_time_and_steps_of_earlier_attempts_are_added_up() -> None:
@@ -162,6 +188,7 @@ def test_attempts_time_and_steps_of_earlier_attempts_are_added_up() -> None:
     assert state.consumed_s == pytest.approx((120.0 - 100.0) + (540.0 - 500.0))  # the gap between attempts is free
     assert state.steps_started == 4
     assert state.open_steps == (4,)  # step 2 was closed as interrupted; step 4 is left open by this crash
+    assert state.steps_finished == 2  # steps 1 and 3: an interrupted step does not count against the step limit
     assert state.run_totals.calls == 2 and state.run_totals.cost_usd == 0.5
 
 
@@ -176,6 +203,13 @@ def test_events_without_a_time_do_not_move_the_clock() -> None:
     events = [{"kind": "run_started", "time": 10.0}, {"kind": "step_started", "time": 15.0, "step": 1},
               {"kind": "note"}]
     assert journal_state(events, {}).consumed_s == 5.0
+
+
+def test_events_before_any_attempt_started_or_without_any_time_cost_no_time() -> None:
+    assert journal_state([{"kind": "note", "time": 50.0}, {"kind": "note", "time": 80.0}], {}).consumed_s == 0.0
+    untimed = [{"kind": "run_started"}, {"kind": "step_started", "step": 1}]
+    state = journal_state(untimed, {})
+    assert (state.attempts, state.consumed_s, state.steps_started, state.open_steps) == (1, 0.0, 1, (1,))
 
 
 def test_a_clock_that_went_backwards_costs_no_negative_time() -> None:

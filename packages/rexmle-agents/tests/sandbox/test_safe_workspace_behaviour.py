@@ -406,6 +406,9 @@ def test_what_a_path_is_is_told_without_following_links(ws: Path, host: Path) ->
         "a regular file", "a symbolic link", "a FIFO", "a socket", None]
     assert fs.kind_of("working") == "a folder"
     assert fs.kind_of("working/link/canary.txt") is None  # a parent that is a link is not a folder of ours
+    (nest(ws, MAX_DEPTH) / "f").write_text("x")
+    assert fs.kind_of("/".join(["d"] * MAX_DEPTH + ["f"])) == "a regular file"  # MAX_DEPTH folders are opened
+    assert fs.kind_of("/".join(["d"] * (MAX_DEPTH + 1) + ["f"])) is None
 
 
 @needs_root
@@ -452,9 +455,9 @@ def test_a_submission_copy_holds_the_csv_and_each_named_regular_file_once(ws: Pa
 def test_a_file_named_in_two_spellings_or_the_csv_named_as_a_file_is_copied_once(ws: Path, tmp_path: Path,
                                                                                  rows: list[str]) -> None:
     sub = submission(ws, rows)
-    (sub / "a.bin").write_bytes(b"a")
-    got = collect(ws, tmp_path / "c" / "s")
-    assert copied_files(got.folder) == ["a.bin", "submission.csv"]
+    (sub / "a.bin").write_bytes(b"a" * 60)
+    got = collect(ws, tmp_path / "c" / "s", CopyLimits(max_files=1, max_total_bytes=100))
+    assert copied_files(got.folder) == ["a.bin", "submission.csv"] and got.refused == ()  # counted once
     assert (got.folder / "submission.csv").read_bytes() == (sub / "submission.csv").read_bytes()
 
 
@@ -559,6 +562,14 @@ def test_named_files_the_harness_must_not_follow_or_read_are_refused_each_with_i
         f"'{long_name}/f.bin': the folder {long_name!r} cannot be opened ({os.strerror(errno.ENAMETOOLONG)})",
     ]
     assert got.n_refused == 10 and host_unchanged(host)
+
+
+def test_a_refused_first_name_does_not_stop_the_names_after_it(ws: Path, tmp_path: Path) -> None:
+    sub = submission(ws, ["../escape.bin", "ok.bin"])
+    (sub / "ok.bin").write_bytes(b"ok")
+    got = collect(ws, tmp_path / "c" / "s")
+    assert copied_files(got.folder) == ["ok.bin", "submission.csv"]
+    assert got.refused == ("file '../escape.bin' climbs out of its folder with '..'",)
 
 
 def test_a_named_file_as_deep_as_the_depth_limit_is_copied_and_one_deeper_is_refused(ws: Path,
@@ -671,6 +682,67 @@ def test_a_one_byte_csv_is_collected_whole(ws: Path, tmp_path: Path) -> None:
     (ws / "submission" / "submission.csv").write_bytes(b"x")
     got = collect(ws, tmp_path / "c" / "s", columns=())
     assert (got.folder / "submission.csv").read_bytes() == b"x"
+
+
+# ---- reading and copying out ----------------------------------------------------------------------------------
+
+
+def test_a_file_exactly_at_the_read_bound_is_read(ws: Path) -> None:
+    (ws / "working" / "tree.json").write_bytes(b"{}")
+    fs = Workspace(ws)
+    assert fs.read_bytes("working/tree.json", max_bytes=2) == b"{}"
+    assert fs.read_bytes("working/tree.json", max_bytes=1) is None
+
+
+@pytest.fixture
+def logs(ws: Path) -> Path:
+    """working/logs: files at the top and in two subfolders, an empty subfolder, and a link."""
+    top = ws / "working" / "logs"
+    for folder in ("a", "b", "empty"):
+        (top / folder).mkdir(parents=True)
+    (top / "top.txt").write_text("t")
+    (top / "a" / "x.txt").write_text("aa")
+    (top / "b" / "x.txt").write_text("bbb")
+    (top / "link.txt").symlink_to(top / "top.txt")
+    return top
+
+
+def test_copying_out_one_file_makes_the_destination_and_counts_the_file(ws: Path, logs: Path,
+                                                                         tmp_path: Path) -> None:
+    dest = tmp_path / "not" / "yet" / "there"
+    got = Workspace(ws).copy_out("working/logs/a/x.txt", dest)
+    assert (got.folder, got.files, got.bytes, got.refused) == (dest, 1, 2, ())
+    assert (dest / "x.txt").read_text() == "aa"
+    refused = Workspace(ws).copy_out("working/logs/link.txt", tmp_path / "link-copy")
+    assert refused.folder == tmp_path / "link-copy" and os.listdir(refused.folder) == []
+    assert refused.refused == ("'working/logs/link.txt' is a symbolic link; the harness does not follow links",)
+
+
+def test_copying_out_a_tree_keeps_its_folders_and_adds_to_an_existing_destination(ws: Path, logs: Path,
+                                                                                   tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "earlier.txt").write_text("kept")
+    got = Workspace(ws).copy_out("working/logs", dest)
+    assert copied_files(dest) == ["a/x.txt", "b/x.txt", "earlier.txt", "top.txt"] and (dest / "empty").is_dir()
+    assert (got.files, got.bytes, got.n_refused) == (3, 6, 1)
+
+
+def test_copying_out_visits_folders_in_name_order(ws: Path, logs: Path, tmp_path: Path) -> None:
+    got = Workspace(ws).copy_out("working/logs", tmp_path / "out", limits=CopyLimits(max_files=2))
+    assert copied_files(tmp_path / "out") == ["a/x.txt", "top.txt"] and got.files == 2
+    assert "'b/x.txt': more than 2 files" in got.refused[-1]
+
+
+def test_a_copy_out_that_fails_midway_raises_and_leaves_no_descriptor_open(ws: Path, logs: Path,
+                                                                           tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "b").write_text("a file where the copy needs a folder")
+    before = open_descriptors()
+    with pytest.raises(FileExistsError):
+        Workspace(ws).copy_out("working/logs", dest)
+    assert open_descriptors() == before
 
 
 # ---- copying extents --------------------------------------------------------------------------------------------

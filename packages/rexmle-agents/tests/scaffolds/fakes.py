@@ -92,7 +92,7 @@ class FakeModel:
             call_id = f"call-{next(self._ids)}"
         if kind == "draft":
             return answer(f"Draft {number}: a linear fit on noise features.", self.drafts[number % len(self.drafts)])
-        if kind == "debug":
+        if kind in ("debug", "revise"):
             return answer("Fix: load the data properly.", self.debug or good(0.5))
         if kind == "improve":
             return answer("Change the ridge penalty.", good(0.1 * (number + 2)))
@@ -103,14 +103,17 @@ class FakeModel:
         if kind == "hypothesise":
             return _tool(call_id, "propose_hypothesis", {"hypothesis": f"A noise feature predicts quality ({number})",
                                                          "rationale": "low dose adds noise"})
+        if kind == "critique":
+            return _tool(call_id, "submit_code_review", {"ready": True, "feedback": ""})
         return _tool(call_id, "submit_feedback", {"supported": True, "observations": "it ran",
-                                                  "lesson": f"lesson {number}"})
+                                                  "lesson": f"lesson {number}", "replace_best": True})
 
     @staticmethod
     def _kind(prompt: str) -> str:
         for heading, kind in (("# Your job: a first solution", "draft"), ("# Your job: fix", "debug"),
                               ("# Your job: improve", "improve"), ("# Review one execution", "review"),
-                              ("# Your job: propose the next hypothesis", "hypothesise")):
+                              ("# Your job: propose the next hypothesis", "hypothesise"),
+                              ("# Your job: review a script", "critique"), ("# Your job: revise", "revise")):
             if prompt.lstrip().startswith(heading):
                 return kind
         return "feedback"
@@ -122,7 +125,8 @@ class FakeModel:
         ok = "exit status 0" in execution.split("##", 1)[0]
         metric = float(match.group(1)) if match else None
         return _tool(call_id, "submit_review", {"is_bug": not ok or metric is None, "metric": metric,
-                                                "lower_is_better": False, "summary": "reviewed by the fake"})
+                                                "metric_name": "score", "is_task_metric": True,
+                                                "summary": "reviewed by the fake"})
 
 
 def _tool(call_id: str, name: str, arguments: dict[str, object]) -> ModelResponse:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from rexmle_agents.models import Message, Model, ModelResponse, RetryPolicy, ScriptedBackend, ToolCall, ToolSpec
+from rexmle_agents.scaffolds.engine import Settings, TaskMetric
 from rexmle_agents.scaffolds.node import ExecSummary
 from rexmle_agents.scaffolds.operators import PARSE_FAILURE, Analyse, Draft, get_operator, parse_script
 from rexmle_agents.scaffolds.prompting import render
@@ -19,6 +20,8 @@ class FakeBench:
     """The part of the workbench operators use, around a scripted model."""
 
     system_prompt = "system"
+    settings = Settings()
+    task_metric = TaskMetric("score", lower_is_better=False, description="a correlation")
 
     def __init__(self, script: Sequence[Any]) -> None:
         self.backend = ScriptedBackend(list(script))
@@ -33,6 +36,9 @@ class FakeBench:
 
     def script_rules(self) -> str:
         return "rules"
+
+    def data_preview(self) -> str:
+        return "the data"
 
     def task_brief(self) -> str:
         return "task"
@@ -76,7 +82,8 @@ def test_draft_prompt_carries_the_template_and_memory() -> None:
 
 
 def test_analyse_reads_the_review_from_the_tool_call() -> None:
-    bench = FakeBench([review_call(is_bug=False, metric=0.5, lower_is_better=False, summary="fine")])
+    bench = FakeBench([review_call(is_bug=False, metric=0.5, metric_name="score", is_task_metric=True,
+                                   summary="fine")])
     node = executed_node(bench)
     review = Analyse()(bench, node, validation="valid")
     assert review is not None and (node.metric, node.lower_is_better, node.analysis) == (0.5, False, "fine")
@@ -85,7 +92,7 @@ def test_analyse_reads_the_review_from_the_tool_call() -> None:
 
 def test_analyse_asks_once_more_when_the_tool_is_not_called() -> None:
     bench = FakeBench(["The metric is 0.5, looks good.",
-                       review_call(is_bug=False, metric=0.5, lower_is_better=False, summary="ok")])
+                       review_call(is_bug=False, metric=0.5, metric_name="score", is_task_metric=True, summary="ok")])
     node = executed_node(bench)
     assert Analyse()(bench, node) is not None and node.metric == 0.5
     second = bench.backend.requests[1][0]
@@ -94,7 +101,8 @@ def test_analyse_asks_once_more_when_the_tool_is_not_called() -> None:
 
 @pytest.mark.parametrize("answers", [
     ["no tool", "still no tool"],
-    [review_call(is_bug="no", metric=0.5, lower_is_better=False, summary="x"), review_call(is_bug=False)],
+    [review_call(is_bug="no", metric=0.5, metric_name="score", is_task_metric=True, summary="x"),
+     review_call(is_bug=False)],
 ])
 def test_analyse_marks_the_node_buggy_after_two_unusable_answers(answers: list[Any]) -> None:
     bench = FakeBench(answers)
@@ -107,7 +115,8 @@ def test_analyse_marks_the_node_buggy_after_two_unusable_answers(answers: list[A
 
 def test_a_bad_tool_call_is_answered_before_asking_again() -> None:
     bad = ModelResponse(tool_calls=(ToolCall(id="c9", name="submit_review", parse_error="not JSON"),))
-    bench = FakeBench([bad, review_call(is_bug=True, metric=None, lower_is_better=False, summary="crash")])
+    bench = FakeBench([bad, review_call(is_bug=True, metric=None, metric_name="", is_task_metric=False,
+                                        summary="crash")])
     node = executed_node(bench)
     review = Analyse()(bench, node)
     assert review is not None and review.is_bug

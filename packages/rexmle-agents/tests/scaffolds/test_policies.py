@@ -45,7 +45,9 @@ def test_greedy_debugs_buggy_leaves_within_the_depth_and_drafts_when_nothing_wor
     assert policy.choose(tree) == ("debug", buggy.id)
     deeper = finished(tree, "debug", buggy.id)
     assert deeper.debug_depth == 1 and policy.choose(tree) == ("debug", deeper.id)
-    finished(tree, "debug", deeper.id)  # depth 2 = max: no more debugging, and nothing works yet
+    deepest = finished(tree, "debug", deeper.id)  # depth 2 = max: debugged once more, as AIDE's <= does
+    assert policy.choose(tree) == ("debug", deepest.id)
+    finished(tree, "debug", deepest.id)  # depth 3 > max: no more debugging, and nothing works yet
     assert policy.choose(tree) == ("draft", None)
 
 

@@ -467,6 +467,14 @@ def test_a_round_that_fails_with_no_debugging_left_is_recorded_as_failed() -> No
                                      "lesson": "lesson 1"}]
 
 
+def test_a_round_failing_at_the_debug_depth_limit_is_left_and_the_next_round_improves_the_best() -> None:
+    ctx = FakeContext()
+    bench = ResearchBench(ctx, by_id({0: 0.5}, default=None), max_nodes=4)
+    rdloop(max_debug_depth=1).run(bench)
+    assert [(n.id, n.stage, n.parent, n.debug_depth) for n in bench.tree] == [
+        (0, "draft", None, 0), (1, "improve", 0, 0), (2, "debug", 1, 1), (3, "improve", 0, 0)]
+
+
 def test_a_failed_round_without_code_is_not_debugged() -> None:
     ctx = FakeContext()
     bench = ResearchBench(ctx, by_id({}), write_code=False, max_nodes=2)
@@ -486,6 +494,15 @@ def test_the_knowledge_log_falls_back_on_the_plan_and_the_failure_reason() -> No
     policy.record(bench, node)
     assert bench.tree.knowledge == [{"node": 0, "hypothesis": "p" * 200, "outcome": "failed", "metric": None,
                                      "lesson": "it broke"}]
+
+
+def test_without_a_lesson_or_a_failure_reason_the_knowledge_log_keeps_the_start_of_the_analysis() -> None:
+    bench = ResearchBench(FakeContext(), by_id({}))
+    node = bench.tree.new_node("draft", hypothesis="H\nmore")
+    node.status, node.analysis = NodeStatus.DONE.value, "a" * 150 + "b" * 150
+    rdloop().record(bench, node)
+    assert bench.tree.knowledge == [{"node": 0, "hypothesis": "H", "outcome": "failed", "metric": None,
+                                     "lesson": "a" * 150 + "b" * 50}]
 
 
 def test_a_pending_round_is_redone_first_with_its_hypothesis() -> None:

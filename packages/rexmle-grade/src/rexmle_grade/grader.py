@@ -208,6 +208,9 @@ class Grader(ABC):
     reference: str = ""
     #: what the official evaluation does with prediction headers, and so what this grader checks
     header_rule: HeaderRule = NO_IMAGE_HEADER
+    #: the metric an agent should report on its own validation cases (see :attr:`validation_metric`); None: the
+    #: first ranked metric
+    primary_metric: str | None = None
 
     # ---- metric facts -------------------------------------------------------------------------------------
     @property
@@ -217,6 +220,16 @@ class Grader(ABC):
     @property
     def directions(self) -> dict[str, Direction]:
         return {m.name: m.direction for m in self.metrics}
+
+    @property
+    def validation_metric(self) -> MetricSpec:
+        """The one metric a developing agent measures on its held-out training cases and compares its solutions
+        by: :attr:`primary_metric`, else the first ranked metric (the leaderboard itself may rank by several)."""
+        name = self.primary_metric or self.ranked_metrics[0].name
+        for metric in self.metrics:
+            if metric.name == name:
+                return metric
+        raise UnknownNameError(f"primary metric of grader {self.grader_id!r}", name, [m.name for m in self.metrics])
 
     # ---- validation hooks -----------------------------------------------------------------------------------
     def check_case(self, case: CaseInput) -> None:

@@ -34,6 +34,9 @@ from rexmle_tasks.metadata import TaskMetadata
 from rexmle_tasks.splits import Split
 
 DOWNLOADS = "downloads"
+#: how hard a synthetic mirror is: ``easy`` (clean contrasts, fast tests) or ``realistic`` (the confounders of real
+#: data: bias fields, scanner and case intensity variation, distractors, imbalance, small structures, label noise)
+DIFFICULTIES = ("easy", "realistic")
 MAX_EXTRACTED_BYTES = 200 * 1024**3  # no real archive of ours unpacks to more than this
 
 
@@ -52,6 +55,9 @@ class TaskFamily(ABC):
     """Shared preparation code of one competition's tasks. Subclasses register with :func:`register_family`."""
 
     name: ClassVar[str]
+    #: the synthetic difficulties this family's mirror writes; a family listing ``realistic`` takes
+    #: ``difficulty=`` in :meth:`write_synthetic_download`
+    synthetic_difficulties: ClassVar[tuple[str, ...]] = ("easy",)
 
     def __init__(self, meta: TaskMetadata) -> None:
         self.meta = meta
@@ -62,7 +68,8 @@ class TaskFamily(ABC):
     def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
         """Write small synthetic archives into ``downloads`` with the real file names, folder layout inside the
         archives, file formats and label conventions (DATA_LAYOUTS.md), so that ``extract`` + ``prepare`` run
-        unchanged. ``cases`` is the number of labelled cases (per modality where a download holds several)."""
+        unchanged. ``cases`` is the number of labelled cases (per modality where a download holds several).
+        Families with more than the ``easy`` mirror (:attr:`synthetic_difficulties`) also take ``difficulty``."""
 
     def extract(self, downloads: Path, raw: Path) -> None:
         """Unpack the archives into ``raw`` as the real ones unpack (default: every ``.zip`` into ``raw``)."""

@@ -159,13 +159,16 @@ def prepare_command(
     cases: Annotated[int | None, typer.Option(
         min=2, help="Synthetic only: number of labelled cases (default: the task's synthetic_cases).")] = None,
     seed: Annotated[int, typer.Option(help="Synthetic only: seed of the synthetic mirror.")] = 0,
+    difficulty: Annotated[str, typer.Option(
+        help="Synthetic only: easy (clean contrasts, fast tests) or realistic (noise and bias fields, scanner "
+             "variation, distractors, imbalance, small structures, label noise; ldct-iqa, isles22).")] = "easy",
     force: Annotated[bool, typer.Option(
         "--force", help="Prepare again even if prepared (and replace raw data that came from another source).")
     ] = False,
 ) -> None:
     """Download (or synthesise) a task's raw data and prepare its public and private folders."""
-    if not synthetic and (cases is not None or seed != 0):
-        raise UserInputError("--cases and --seed apply to synthetic data only", hint="add --synthetic")
+    if not synthetic and (cases is not None or seed != 0 or difficulty != "easy"):
+        raise UserInputError("--cases, --seed and --difficulty apply to synthetic data only", hint="add --synthetic")
     console = _console()
     failed = 0
     tasks = _selected(task_id)
@@ -173,7 +176,8 @@ def prepare_command(
         dirs = task_dirs(task)
         before = prepared_info(dirs)
         try:
-            info = prepare_task(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force)
+            info = prepare_task(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force,
+                                difficulty=difficulty)
         except RexmleError as exc:
             if len(tasks) == 1:
                 raise

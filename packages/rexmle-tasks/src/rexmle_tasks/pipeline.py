@@ -23,7 +23,7 @@ from typing import Any
 from rexmle_grade.errors import TaskDataMissingError, UserInputError
 from rexmle_grade.grader import TestManifest
 from rexmle_grade.settings import TaskDirs
-from rexmle_tasks.base import DOWNLOADS, PrepareContext, Task, TaskFamily, reset_dir
+from rexmle_tasks.base import DIFFICULTIES, DOWNLOADS, PrepareContext, Task, TaskFamily, reset_dir
 from rexmle_tasks.splits import Split, file_checksums, make_split
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,20 @@ class PreparedInfo:
     prepared_at: str
     cases: int | None = None  # synthetic data only: labelled cases and seed of the mirror
     seed: int | None = None
+    difficulty: str | None = None  # synthetic data only, and only when not "easy" (older records have none)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        if data["difficulty"] is None:
+            del data["difficulty"]
+        return data
 
     @property
     def source(self) -> dict[str, Any]:
-        return {"synthetic": True, "cases": self.cases, "seed": self.seed} if self.synthetic else {"synthetic": False}
+        if not self.synthetic:
+            return {"synthetic": False}
+        return {"synthetic": True, "cases": self.cases, "seed": self.seed,
+                **({"difficulty": self.difficulty} if self.difficulty not in (None, "easy") else {})}
 
 
 def task_dirs(task: Task, data_root: str | Path | None = None) -> TaskDirs:
@@ -64,8 +71,9 @@ def task_dirs(task: Task, data_root: str | Path | None = None) -> TaskDirs:
 _PREPARED_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "task_id": (str,), "task_version": (str,), "synthetic": (bool,), "n_train": (int,), "n_test": (int,),
     "split_digest": (str,), "prepared_at": (str,), "cases": (int, type(None)), "seed": (int, type(None)),
+    "difficulty": (str, type(None)),
 }
-_PREPARED_OPTIONAL = frozenset({"cases", "seed"})
+_PREPARED_OPTIONAL = frozenset({"cases", "seed", "difficulty"})
 
 
 def prepared_info(dirs: TaskDirs) -> PreparedInfo | None:
@@ -113,20 +121,38 @@ def require_prepared(task: Task, dirs: TaskDirs) -> PreparedInfo:
     return info
 
 
-def requested_source(task: Task, *, synthetic: bool, cases: int | None, seed: int) -> dict[str, Any]:
-    """The raw-data source a prepare call asks for (as recorded in raw/ and compared with what is there)."""
+def requested_source(task: Task, *, synthetic: bool, cases: int | None, seed: int,
+                     difficulty: str = "easy") -> dict[str, Any]:
+    """The raw-data source a prepare call asks for (as recorded in raw/ and compared with what is there). The
+    ``easy`` difficulty is left out, so that mirrors written before difficulties existed still match."""
     if not synthetic:
         return {"synthetic": False}
-    return {"synthetic": True, "cases": cases or task.meta.synthetic_cases, "seed": seed}
+    return {"synthetic": True, "cases": cases or task.meta.synthetic_cases, "seed": seed,
+            **({"difficulty": difficulty} if difficulty != "easy" else {})}
+
+
+def check_difficulty(task: Task, difficulty: str, *, synthetic: bool) -> None:
+    """A difficulty other than ``easy`` needs synthetic data and a family whose mirror has it."""
+    if difficulty not in DIFFICULTIES:
+        raise UserInputError(f"unknown synthetic difficulty {difficulty!r}",
+                             hint=f"use one of {', '.join(DIFFICULTIES)}")
+    if difficulty == "easy":
+        return
+    if not synthetic:
+        raise UserInputError("--difficulty applies to synthetic data only", hint="add --synthetic")
+    offered = task.family().synthetic_difficulties
+    if difficulty not in offered:
+        raise UserInputError(f"the synthetic mirror of {task.id!r} has no {difficulty!r} difficulty (it has: "
+                             f"{', '.join(offered)})", hint="prepare it with --difficulty easy")
 
 
 def acquire_raw(task: Task, dirs: TaskDirs, *, synthetic: bool, cases: int | None, seed: int,
-                force: bool) -> None:
+                force: bool, difficulty: str = "easy") -> None:
     """Fill ``raw/downloads`` (synthetic mirror or real download) and extract it, unless already done.
 
     ``raw/`` holding another source is an error, or with ``force`` is wiped and acquired again.
     """
-    source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed)
+    source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed, difficulty=difficulty)
     marker = dirs.raw / RAW_SOURCE_MARKER
     if marker.is_file():
         existing = json.loads(marker.read_text())
@@ -142,12 +168,13 @@ def acquire_raw(task: Task, dirs: TaskDirs, *, synthetic: bool, cases: int | Non
     downloads = dirs.raw / DOWNLOADS
     if not marker.is_file():
         if synthetic:
-            log.info("writing a synthetic mirror of %s's download (%d cases, seed %d)", task.id, source["cases"],
-                     seed)
+            log.info("writing a synthetic mirror of %s's download (%d cases, seed %d, %s)", task.id,
+                     source["cases"], seed, difficulty)
             # written aside and moved in whole, so an interrupted run never leaves synthetic archives (with the
             # real names) where a later real download would take them for its own
             partial = reset_dir(dirs.raw / f"{DOWNLOADS}.partial")
-            family.write_synthetic_download(partial, cases=source["cases"], seed=seed)
+            extra = {"difficulty": difficulty} if difficulty != "easy" else {}
+            family.write_synthetic_download(partial, cases=source["cases"], seed=seed, **extra)
             if downloads.exists():
                 shutil.rmtree(downloads)
             partial.rename(downloads)
@@ -164,15 +191,18 @@ def acquire_raw(task: Task, dirs: TaskDirs, *, synthetic: bool, cases: int | Non
 
 def describe_source(source: dict[str, Any]) -> str:
     if source.get("synthetic"):
-        return f"synthetic data ({source['cases']} cases, seed {source['seed']})"
+        level = f", {source['difficulty']}" if source.get("difficulty") else ""
+        return f"synthetic data ({source['cases']} cases, seed {source['seed']}{level})"
     return "the real download"
 
 
 def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: int | None = None, seed: int = 0,
-                 force: bool = False) -> PreparedInfo:
-    """Prepare ``task`` into ``dirs`` (see module docstring). Returns the existing preparation unless ``force``."""
+                 force: bool = False, difficulty: str = "easy") -> PreparedInfo:
+    """Prepare ``task`` into ``dirs`` (see module docstring). Returns the existing preparation unless ``force``.
+    ``difficulty``: of the synthetic mirror (:data:`rexmle_tasks.base.DIFFICULTIES`)."""
+    check_difficulty(task, difficulty, synthetic=synthetic)
     existing = prepared_info(dirs)
-    source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed)
+    source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed, difficulty=difficulty)
     if existing is not None and not force:
         if existing.source != source:
             raise UserInputError(
@@ -181,7 +211,7 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
                 hint="add --force to prepare it again",
             )
         return existing
-    acquire_raw(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force)
+    acquire_raw(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force, difficulty=difficulty)
     family = task.family()
     ids = family.case_ids(dirs.raw)
     if len(ids) < 2:
@@ -202,7 +232,8 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
     swap_in(private_tmp, dirs.private)
     info = PreparedInfo(task_id=task.id, task_version=task.meta.version, synthetic=synthetic,
                         n_train=len(split.train), n_test=len(split.test), split_digest=split.digest,
-                        prepared_at=_now(), cases=source.get("cases"), seed=source.get("seed"))
+                        prepared_at=_now(), cases=source.get("cases"), seed=source.get("seed"),
+                        difficulty=source.get("difficulty"))
     (dirs.root / PREPARED_MARKER).write_text(json.dumps(info.to_json(), indent=1) + "\n")
     return info
 

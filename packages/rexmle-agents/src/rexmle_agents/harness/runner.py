@@ -352,6 +352,7 @@ class _Attempt:
                  gpus: tuple[str, ...], grace_s: float, concurrent_runs: int = 1) -> None:
         self.spec = spec
         self.concurrent_runs = concurrent_runs
+        self.final_choice: str | None = None  # why final/ holds what it holds (set when the run ends)
         self.paths = paths
         self.status = status
         self.model_overrides = models
@@ -564,6 +565,7 @@ class _Attempt:
         if partial.exists():
             shutil.rmtree(partial)
         partial.mkdir()
+        self.final_choice = chosen_by
         metadata: dict[str, Any] = {"snapshot": chosen, "run_id": self.spec.run_id, "finished_at": _now(),
                                     "agent_choice": agent_choice(list(self.journal.iter_events())),
                                     "chosen_by": chosen_by}
@@ -594,6 +596,7 @@ class _Attempt:
             "started_at": self.status.get("started_at") or now, "updated_at": now,
             "finished_at": now if finished else None, "pid": os.getpid(), "host": socket.gethostname(),
             "hardware": measured(self.gpus, res.cpus, res.memory_gb), "slurm": self.slurm,
+            "final_choice": self.final_choice if finished else None,
         }
         if usage is not None:  # time lost to model API retries is kept apart from the agent's own time
             fields.update(model_calls=usage.calls, tokens=usage.usage.total_tokens,

@@ -114,6 +114,10 @@ class RunStatus(_Record):
     uncosted_calls: int | None = None
     unknown_usage_calls: int | None = None
     model_retry_s: float | None = Field(default=None, description="time lost to model-API retries (kept apart)")
+    final_choice: str | None = Field(default=None, description="why the final submission is the one it is: the "
+                                                               "held-out selection split, the agent's choice, the "
+                                                               "latest valid snapshot, or a FALLBACK (a submission "
+                                                               "that validated from a flagged node, or the sample)")
     slurm: SlurmRef | None = Field(default=None, description="the SLURM job of the latest attempt (absent outside "
                                                              "SLURM)")
     cluster_stop: str | None = Field(

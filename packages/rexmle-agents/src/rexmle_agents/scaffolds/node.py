@@ -17,6 +17,7 @@ class Stage(str, Enum):
     DRAFT = "draft"
     DEBUG = "debug"
     IMPROVE = "improve"
+    MERGE = "merge"  # crossover of two working nodes (``parent`` and ``merged_with``)
 
 
 class NodeStatus(str, Enum):
@@ -62,12 +63,22 @@ class Node:
     sample_execution: ExecSummary | None = None  # R&D loop: the quick run on a data sample
     analysis: str = ""
     metric: float | None = None
-    lower_is_better: bool | None = None
+    lower_is_better: bool | None = None  # the task's validation metric's direction (never the model's guess)
+    metric_name: str = ""  # what the review says the printed number measures
     is_buggy: bool = True
     bug_reason: str = ""
     submission_valid: bool = False
     snapshot_id: str | None = None
+    # a submission that validated although the node is not valid (the review found a bug, or another metric was
+    # reported): kept only as the run's fallback when no node is valid, never compared with valid nodes
+    fallback_snapshot: str | None = None
+    duplicate_of: int | None = None  # its script was identical to this node's: not run again
+    merged_with: int | None = None  # a merge node's second parent
     debug_depth: int = 0
+    thinking: str = ""  # the reasoning the model returned with the code (adaptive memory feeds it to children)
+    turns: int = 0  # multi-turn nodes: shell commands run before the script was committed
+    revisions: list[str] = field(default_factory=list)  # R&D loop: the code reviewer's feedback, one per revision
+    accepted: bool | None = None  # R&D loop: the feedback model made it the new best
     # MCTS statistics (other policies leave them at zero)
     visits: int = 0
     value_sum: float = 0.0
@@ -80,9 +91,15 @@ class Node:
         return self.status == NodeStatus.DONE.value
 
     @property
+    def works(self) -> bool:
+        """Its development succeeded (done or not yet marked done): not buggy, a metric, a submission that
+        validated."""
+        return not self.is_buggy and self.metric is not None and self.submission_valid
+
+    @property
     def is_valid(self) -> bool:
-        """Usable as a final answer: not buggy, a metric, and a submission snapshot that validated."""
-        return self.done and not self.is_buggy and self.metric is not None and self.submission_valid
+        """Usable as a final answer: done, not buggy, a metric, and a submission snapshot that validated."""
+        return self.done and self.works
 
     @property
     def score(self) -> float | None:
@@ -91,17 +108,24 @@ class Node:
             return None
         return -self.metric if self.lower_is_better else self.metric
 
+    def outcome(self) -> str:
+        """What developing the node produced so far, whether or not it is marked done."""
+        if self.duplicate_of is not None:
+            return f"DUPLICATE of node {self.duplicate_of}: the same script, not run again"
+        if self.is_buggy:
+            return f"BUGGY: {self.bug_reason or 'failed'}"
+        direction = "lower is better" if self.lower_is_better else "higher is better"
+        name = f"{self.metric_name} " if self.metric_name else ""
+        return f"validation metric {name}{self.metric:.6g} ({direction})"
+
     def summary(self) -> str:
         """A few lines for other nodes' prompts (memory) and for the journal."""
-        head = f"node {self.id} ({self.stage}" + (f", child of node {self.parent}" if self.parent is not None else "")
+        parents = f"child of nodes {self.parent} and {self.merged_with}" if self.merged_with is not None else (
+            f"child of node {self.parent}")
+        head = f"node {self.id} ({self.stage}" + (f", {parents}" if self.parent is not None else "")
         if not self.done:
             return head + "): not run yet"
-        if self.is_buggy:
-            outcome = f"BUGGY: {self.bug_reason or 'failed'}"
-        else:
-            direction = "lower is better" if self.lower_is_better else "higher is better"
-            outcome = f"validation metric {self.metric:.6g} ({direction})"
-        lines = [head + f"): {outcome}"]
+        lines = [head + f"): {self.outcome()}"]
         if self.plan:
             lines.append("  plan: " + _one_line(self.plan, 400))
         if self.analysis:
@@ -113,7 +137,13 @@ class Node:
         return {
             "node": self.id, "stage": self.stage, "parent": self.parent, "is_buggy": self.is_buggy,
             "bug_reason": self.bug_reason, "metric": self.metric, "lower_is_better": self.lower_is_better,
-            "valid": self.is_valid, "snapshot": self.snapshot_id, "debug_depth": self.debug_depth,
+            "metric_name": self.metric_name, "valid": self.is_valid, "snapshot": self.snapshot_id,
+            "fallback_snapshot": self.fallback_snapshot, "debug_depth": self.debug_depth,
+            **({"merged_with": self.merged_with} if self.merged_with is not None else {}),
+            **({"duplicate_of": self.duplicate_of} if self.duplicate_of is not None else {}),
+            **({"turns": self.turns} if self.turns else {}),
+            **({"revisions": len(self.revisions)} if self.revisions else {}),
+            **({"accepted": self.accepted} if self.accepted is not None else {}),
             "exit": None if self.execution is None else self.execution.describe(),
             "summary": self.summary(),
         }

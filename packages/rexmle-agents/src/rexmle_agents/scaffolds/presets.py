@@ -1,9 +1,13 @@
-"""The three scaffolds the ReX-MLE paper compares, as named presets of (policy, operators, parameters).
+"""The scaffolds, as named presets of (policy, operators, parameters): the three the ReX-MLE paper compares and
+AIRA's evolutionary search.
 
 ``AideAgent``, ``MctsAgent`` and ``RdLoopAgent`` are agent factories (the ``rexmle.agents`` entry points ``aide``,
-``mcts``, ``rdloop``). ``agent_config`` overrides any parameter; ``policy`` names another policy and ``operators``
-maps an operator slot (``draft``, ``debug``, ``improve``, ``analyse``, ``hypothesise``, ``feedback``) to another
-registered operator, so any combination can be run under any preset's name.
+``mcts``, ``rdloop``); ``EvoAgent`` (``evo``) registers as a built-in agent. ``agent_config`` overrides any
+parameter; ``preset`` starts from another preset; ``policy`` names another policy and ``operators`` maps an operator
+slot (``draft``, ``debug``, ``improve``, ``merge``, ``revise``, ``analyse``, ``hypothesise``, ``feedback``,
+``critique``, ``summarise_memory``) to another registered operator, so any combination can be run under any agent's
+name. The resolved configuration (every parameter, the policy, the operator of every slot) is journaled when the run
+starts.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ if TYPE_CHECKING:
     from rexmle_agents.harness.context import RunContext
 
 SCAFFOLD_VERSION = "0.1.0"
+# operator slots the workbench itself may call, whatever the policy (memory summaries)
+WORKBENCH_SLOTS = ("summarise_memory",)
+# the originals' sampling temperature (AIDE's and ML-Master's code and feedback models, R&D-Agent's chat model)
+ORIGINALS_TEMPERATURE = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,11 +43,21 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "aide": Preset(policy="greedy", description="AIDE: greedy tree search (drafts, then debug or improve the best)",
-                   params={"num_drafts": 5, "debug_prob": 0.5, "max_debug_depth": 3}),
-    "mcts": Preset(policy="mcts", description="ML-Master-style MCTS with decaying UCT exploration and parallel workers",
-                   params={"workers": 1}),
+                   params={"num_drafts": 5, "debug_prob": 0.5, "max_debug_depth": 3, "data_preview": True,
+                           "temperature": ORIGINALS_TEMPERATURE}),
+    "mcts": Preset(policy="mcts", description="ML-Master-style MCTS with decaying UCT exploration, adaptive memory, "
+                                              "branch termination and parallel workers",
+                   params={"workers": 1, "adaptive_memory": True, "stagnation_limit": 2, "reward_debug_fixed": 1.0,
+                           "temperature": ORIGINALS_TEMPERATURE}),
     "rdloop": Preset(policy="rdloop",
-                     description="R&D-Agent-style loop: hypothesis, code, sample run, full run, feedback, knowledge"),
+                     description="R&D-Agent-style loop: hypothesis, code with review rounds, sample run, full run, "
+                                 "feedback that decides the best, knowledge",
+                     params={"coding_rounds": 3, "feedback_decides_best": True, "temperature": ORIGINALS_TEMPERATURE}),
+    "evo": Preset(policy="evolutionary",
+                  description="AIRA-style evolutionary search: population, tournament selection, mutation = improve, "
+                              "crossover = merge",
+                  params={"population_size": 6, "tournament_size": 3, "crossover_prob": 0.3,
+                          "temperature": ORIGINALS_TEMPERATURE}),
 }
 
 
@@ -56,13 +74,16 @@ class ScaffoldAgent(BaseAgent):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         config = dict(config or {})
-        preset = PRESETS[self.preset]
+        preset_name = config.pop("preset", self.preset)
+        if preset_name not in PRESETS:
+            raise UnknownNameError("scaffold preset", preset_name, PRESETS)
+        preset = PRESETS[preset_name]
         policy_name = config.pop("policy", preset.policy)
         policy_cls = get_policy_class(policy_name)
         params = {**_settings_defaults(), **policy_cls.defaults}
         # A preset's parameters carry over to another policy only where that policy has them too.
         params.update({k: v for k, v in preset.params.items() if k in params})
-        operators = {slot: slot for slot in policy_cls.slots}
+        operators = {slot: slot for slot in (*policy_cls.slots, *WORKBENCH_SLOTS)}
         if policy_name == preset.policy:
             operators.update(preset.operators)
         requested_ops = config.pop("operators", {}) or {}
@@ -83,7 +104,7 @@ class ScaffoldAgent(BaseAgent):
         params.update(config)
         self.policy_name = policy_name
         self.operator_names = operators
-        self.config = {**params, "policy": policy_name, "operators": dict(operators)}
+        self.config = {**params, "preset": preset_name, "policy": policy_name, "operators": dict(operators)}
 
     def run(self, ctx: RunContext) -> None:
         policy_cls = get_policy_class(self.policy_name)
@@ -120,4 +141,10 @@ class RdLoopAgent(ScaffoldAgent):
     description = PRESETS["rdloop"].description
 
 
-__all__ = ["POLICIES", "PRESETS", "AideAgent", "MctsAgent", "Preset", "RdLoopAgent", "ScaffoldAgent"]
+class EvoAgent(ScaffoldAgent):
+    name = "evo"
+    preset = "evo"
+    description = PRESETS["evo"].description
+
+
+__all__ = ["POLICIES", "PRESETS", "AideAgent", "EvoAgent", "MctsAgent", "Preset", "RdLoopAgent", "ScaffoldAgent"]

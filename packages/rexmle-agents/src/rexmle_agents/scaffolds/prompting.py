@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from importlib.resources import files
 from string import Template
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from rexmle_agents.scaffolds.tree import Tree
 
 EXPERT_REPORT_FILENAME = "expert_report.md"
+# a workspace path ending in /submission (the harness's instructions name the workspace's own folder)
+_WORKSPACE_SUBMISSION = re.compile(r"[^\s`]*/submission\b(?![./_-]?\w)")
+THINKING_CHARS = 1500  # of a parent's reasoning fed to its children (adaptive memory)
 
 
 @functools.cache
@@ -55,7 +59,16 @@ def system_prompt(ctx: RunContext, *, expert_report_mode: bool, domain_pack: boo
 
         report = expert_report(get_task(ctx.task.task_id).folder)
     pack = template("domain_pack").template if domain_pack else ""
-    return render("system", instructions=ctx.instructions.strip(), expert_report=report, domain_pack=pack)
+    return render("system", instructions=one_submission_location(ctx.instructions.strip()), expert_report=report,
+                  domain_pack=pack)
+
+
+def one_submission_location(instructions: str) -> str:
+    """The harness's instructions with the workspace's submission folder replaced by ``$SUBMISSION_DIR``: a
+    scaffold's scripts write into the folder that variable names (one per worker), and the prompt says so once,
+    in the script rules, so that no script hard-codes a folder another worker writes too."""
+    return _WORKSPACE_SUBMISSION.sub("$SUBMISSION_DIR", instructions).replace(
+        "python -m rexmle_agents.validate`", "python -m rexmle_agents.validate $SUBMISSION_DIR`")
 
 
 def remaining_text(ctx: RunContext, *, with_time: bool = True) -> str:
@@ -84,6 +97,32 @@ def memory_text(tree: Tree, node: Node, *, limit: int) -> str:
     if not chosen:
         return "None yet."
     return "\n".join(n.summary() for n in chosen)
+
+
+def adaptive_memory_text(tree: Tree, node: Node, *, limit: int) -> str:
+    """ML-Master's adaptive memory: what the branch being extended learned, not the whole tree. The ancestors'
+    results (nearest first), the reasoning the model returned with the parent's code, and the siblings' results
+    (what was already tried from the same parent, so that it is not repeated)."""
+    sections = []
+    if node.parent is not None:
+        ancestors = tree.path_to_root(tree[node.parent])
+        sections.append("The branch this node extends (nearest first):\n"
+                        + "\n".join(a.summary() for a in ancestors[:limit]))
+        parent = tree[node.parent]
+        if parent.thinking:
+            sections.append(f"The reasoning behind node {parent.id}'s code:\n{_cut(parent.thinking, THINKING_CHARS)}")
+        if node.merged_with is not None:
+            sections.append("The second solution being merged:\n" + tree[node.merged_with].summary())
+    siblings = [s for s in tree.siblings(node) if s.done][:limit]
+    if siblings:
+        where = "from the same parent" if node.parent is not None else "as other first drafts"
+        sections.append(f"Already tried {where}:\n" + "\n".join(s.summary() for s in siblings))
+    return "\n\n".join(sections) or "None yet."
+
+
+def _cut(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 6].rstrip() + " [...]"
 
 
 def _duration(seconds: float) -> str:

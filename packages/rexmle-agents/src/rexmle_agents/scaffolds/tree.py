@@ -60,7 +60,8 @@ class Tree:
 
     @property
     def buggy_leaves(self) -> list[Node]:
-        return [n for n in self if n.done and n.is_buggy and not n.children]
+        """Failed nodes without children: what debugging starts from (a duplicate script has nothing to fix)."""
+        return [n for n in self if n.done and n.is_buggy and not n.children and n.duplicate_of is None]
 
     def best(self) -> Node | None:
         """The valid node with the best metric in its own direction; the earliest wins ties."""
@@ -105,7 +106,7 @@ class Tree:
         for node in self.pending:
             fresh = Node(id=node.id, stage=node.stage, parent=node.parent, children=node.children,
                          status=NodeStatus.PENDING.value, hypothesis=node.hypothesis, debug_depth=node.debug_depth,
-                         worker=node.worker)
+                         worker=node.worker, merged_with=node.merged_with)
             self.nodes[node.id] = fresh
             redo.append(fresh)
         return redo

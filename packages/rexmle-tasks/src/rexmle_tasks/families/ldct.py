@@ -141,6 +141,7 @@ def find_cases(raw: Path) -> tuple[dict[str, ScoredImage], dict[str, ScoredImage
 @register_family
 class LdctFamily(TaskFamily):
     name: ClassVar[str] = "ldct"
+    synthetic_difficulties: ClassVar[tuple[str, ...]] = ("easy", "realistic")
 
     def case_ids(self, raw: Path) -> list[str]:
         train, test = find_cases(raw)
@@ -168,13 +169,14 @@ class LdctFamily(TaskFamily):
         return TestManifest(ids=tuple(ctx.split.test))
 
     # ---- synthetic mirror --------------------------------------------------------------------------------------
-    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
+    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int, difficulty: str = "easy") -> None:
         """``cases`` training slices, plus an official test set of a third as many (at least 4)."""
         rng = np.random.default_rng(seed)
+        make = realistic_slice if difficulty == "realistic" else synthetic_slice
         train_scores: dict[str, float] = {}
         members = []
         for number in range(cases):
-            slice_, score = synthetic_slice(rng)
+            slice_, score = make(rng)
             train_scores[f"{number:04d}.tif"] = score
             members.append((f"{TRAIN_FOLDER}/image/{number:04d}.tif", encode_image(slice_, ".tif")))
         members.insert(0, (f"{TRAIN_FOLDER}/{TRAIN_JSON}", json.dumps(train_scores, indent=1).encode()))
@@ -182,7 +184,7 @@ class LdctFamily(TaskFamily):
         test_scores: dict[str, float] = {}
         members = []
         for number in range(cases, cases + max(4, cases // 3)):
-            slice_, score = synthetic_slice(rng)
+            slice_, score = make(rng)
             test_scores[f"{number:04d}.tiff"] = score
             members.append((f"LDCTIQAC_test/images/{number:04d}.tiff", encode_image(slice_, ".tiff")))
         members.append(("LDCTIQAC_test/test.json", json.dumps(test_scores, indent=1).encode()))
@@ -227,3 +229,65 @@ def synthetic_slice(rng: np.random.Generator) -> tuple[np.ndarray, float]:
     image += (noise + (4 - quality) * 6 * streaks) * body
     return to_release_values(ndimage.gaussian_filter(image, 0.5)), score
 
+
+
+# ---- the realistic mirror ----------------------------------------------------------------------------------------
+# Scanners differ in reconstruction kernel (smooth kernels hide noise but blur detail, sharp kernels show every
+# photon), in calibration (an HU offset) and in streak pattern; readers judge what they see (noise, blur, streaks)
+# and disagree. A single image statistic (the standard deviation, a noise estimate) is then confounded by the kernel
+# and by anatomy (lungs and bowel gas, contrast phase, metal), while a model that separates noise from sharpness and
+# measures noise in homogeneous tissue recovers most of the ranking.
+SCANNERS = (  # (kernel sigma in pixels, HU offset, relative streak strength)
+    (0.35, 0.0, 1.0), (0.8, -15.0, 0.7), (1.4, 12.0, 0.5), (0.55, 25.0, 1.3),
+)
+READER_SD = 0.7  # one reader's rating around the perceived quality (the easy mirror: 0.5)
+
+
+def realistic_slice(rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """A slice of the realistic mirror and its score (mean of five readers, on the 0.2 grid); see above."""
+    shape = (SLICE_SIZE, SLICE_SIZE)
+    kernel, offset, streakiness = SCANNERS[int(rng.integers(len(SCANNERS)))]
+    centre = (SLICE_SIZE / 2 + rng.uniform(-5, 5), SLICE_SIZE / 2 + rng.uniform(-5, 5))
+    radii = (rng.uniform(28, 42), rng.uniform(34, 46))
+    body = ellipse_mask(shape, centre, radii)
+    image = np.full(shape, -1000.0)
+    image[body] = rng.uniform(-110, -70)  # subcutaneous fat, thickness varies
+    inner = ellipse_mask(shape, centre, (radii[0] - rng.uniform(3, 8), radii[1] - rng.uniform(3, 8)))
+    contrast = rng.uniform(0.0, 60.0)  # contrast phase: organs enhance by this much
+    image[inner] = 40.0 + 0.3 * contrast
+    level = rng.uniform()  # which part of the abdomen: lung bases high up, pelvis low down
+    if level > 0.65:  # lung bases: air-filled lobes inside the body
+        for side in (-1, 1):
+            image[ellipse_mask(shape, (centre[0] - 8, centre[1] + side * 17), (rng.uniform(8, 14), 9))] = -850.0
+    liver = ellipse_mask(shape, (centre[0] - 4, centre[1] - 14), (rng.uniform(10, 16), rng.uniform(12, 18)))
+    image[liver] = 55.0 + contrast
+    image[ellipse_mask(shape, (centre[0] + 12, centre[1]), (5, 5))] = rng.uniform(500, 900)  # vertebra
+    for side in (-1, 1):
+        image[ellipse_mask(shape, (centre[0] + 8, centre[1] + side * 16), (6, 4))] = 40.0 + 2.5 * contrast
+    for _ in range(int(rng.integers(0, 5))):  # bowel gas pockets
+        spot = (centre[0] + rng.uniform(-15, 15), centre[1] + rng.uniform(-20, 20))
+        image[ellipse_mask(shape, spot, (rng.uniform(1.5, 4), rng.uniform(1.5, 4))) & inner] = -900.0
+    metal = rng.uniform() < 0.15  # spine screws or a hip prosthesis: streaks that do not come from the dose
+    if metal:
+        spot = (centre[0] + 12, centre[1] + rng.choice([-6.0, 6.0]))
+        image[ellipse_mask(shape, spot, (1.5, 1.5))] = 3000.0
+    image += 10 * smooth_noise(rng, shape, 2.5) * body  # tissue texture
+    dose = float(rng.uniform(0, 1))  # 0: the lowest dose, 1: full dose
+    sigma = 14 + (1 - dose) ** 1.3 * 95
+    noise = ndimage.gaussian_filter(rng.normal(0, sigma, shape), kernel)
+    noise_seen = float(np.std(noise))
+    rows, cols = np.mgrid[: shape[0], : shape[1]]
+    angles = np.linspace(0, np.pi, 6, endpoint=False) + rng.uniform(0, np.pi)
+    streaks = sum(np.cos(rng.uniform(0.6, 1.2) * ((rows - centre[0]) * np.cos(a) + (cols - centre[1]) * np.sin(a)))
+                  for a in angles)
+    streak_amount = streakiness * (1 - dose) * 8
+    image = image + (noise + streak_amount * streaks) * body
+    if metal:
+        spoke = np.cos(6 * np.arctan2(rows - centre[0] - 12, cols - centre[1])) * 60
+        image += spoke * body * np.exp(-np.hypot(rows - centre[0] - 12, cols - centre[1]) / 25)
+    image = ndimage.gaussian_filter(image, 0.3 + 0.5 * kernel) + offset  # the kernel blurs anatomy too
+    # what readers see: noise (log scale), blur, streaks; metal costs a little; then reader disagreement
+    perceived = 4.4 - 1.35 * np.log2(noise_seen / 10) - 1.1 * max(0.0, kernel - 0.5) - 0.06 * streak_amount
+    perceived -= 0.3 * metal
+    ratings = np.clip(np.rint(perceived + rng.normal(0, 0.3) + rng.normal(0, READER_SD, 5)), 0, 4)
+    return to_release_values(image), round(float(ratings.mean()), 1)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from rexmle_agents.scaffolds.operators.base import Operator, ParsedScript, parse_script
-from rexmle_agents.scaffolds.operators.code import PARSE_FAILURE, Debug, Draft, Improve
-from rexmle_agents.scaffolds.operators.research import GiveFeedback, Hypothesise
+from rexmle_agents.scaffolds.operators.code import PARSE_FAILURE, Debug, Draft, Improve, Merge, Revise
+from rexmle_agents.scaffolds.operators.research import Critique, GiveFeedback, Hypothesise, SummariseMemory
 from rexmle_agents.scaffolds.operators.review import SUBMIT_REVIEW, Analyse, Review
 from rexmle_grade.errors import UnknownNameError
 
@@ -26,8 +26,9 @@ def get_operator(name: str) -> Any:
     return OPERATORS[name]()
 
 
-for _cls in (Draft, Debug, Improve, Analyse, Hypothesise, GiveFeedback):
+for _cls in (Draft, Debug, Improve, Merge, Revise, Analyse, Hypothesise, GiveFeedback, Critique, SummariseMemory):
     register_operator(_cls)
 
-__all__ = ["OPERATORS", "PARSE_FAILURE", "SUBMIT_REVIEW", "Analyse", "Debug", "Draft", "GiveFeedback", "Hypothesise",
-           "Improve", "Operator", "ParsedScript", "Review", "get_operator", "parse_script", "register_operator"]
+__all__ = ["OPERATORS", "PARSE_FAILURE", "SUBMIT_REVIEW", "Analyse", "Critique", "Debug", "Draft", "GiveFeedback",
+           "Hypothesise", "Improve", "Merge", "Operator", "ParsedScript", "Review", "Revise", "SummariseMemory",
+           "get_operator", "parse_script", "register_operator"]

@@ -1,5 +1,8 @@
-"""The R&D loop's research operators: ``hypothesise`` (the next testable change, from the knowledge log) and
-``feedback`` (was it supported, what to remember). Both answer through a tool call, asked for once more if missing."""
+"""The research operators: ``hypothesise`` (the next testable change, from the knowledge log), ``feedback`` (was
+it supported, what to remember, and does the round replace the best so far: R&D-Agent's decision, with the metric
+as evidence), ``critique`` (R&D-Agent's code evaluator: is a script ready for its full run, judged from the code
+and its run on a data sample) and ``summarise_memory`` (AIRA: every node condensed into the memory of prompts).
+The tool-call answers are asked for once more if missing."""
 
 from __future__ import annotations
 
@@ -38,8 +41,24 @@ SUBMIT_FEEDBACK = ToolSpec(
             "supported": {"type": "boolean", "description": "did the outcome support the hypothesis"},
             "observations": {"type": "string", "description": "what the run showed"},
             "lesson": {"type": "string", "description": "one sentence the loop should remember"},
+            "replace_best": {"type": "boolean",
+                             "description": "should this round's solution become the best so far (the next base)"},
         },
-        "required": ["supported", "observations", "lesson"],
+        "required": ["supported", "observations", "lesson", "replace_best"],
+        "additionalProperties": False,
+    },
+)
+
+SUBMIT_CODE_REVIEW = ToolSpec(
+    name="submit_code_review",
+    description="Judge whether a script is ready for its full run.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "ready": {"type": "boolean", "description": "true if the script can go to its full run as it is"},
+            "feedback": {"type": "string", "description": "what is wrong and how to fix it (empty when ready)"},
+        },
+        "required": ["ready", "feedback"],
         "additionalProperties": False,
     },
 )
@@ -50,18 +69,47 @@ class Feedback:
     supported: bool
     observations: str
     lesson: str
+    replace_best: bool = False
+
+
+@dataclass(frozen=True)
+class CodeReview:
+    ready: bool
+    feedback: str
 
 
 def knowledge_text(bench: Workbench, limit: int = 30) -> str:
+    """The knowledge log as the prompts show it: outcome, the metric reached, hypothesis and lesson per round."""
     entries = bench.tree.knowledge[-limit:]
     if not entries:
         return "Empty: this is the first round."
-    return "\n".join(f"- [{e['outcome']}] {e['hypothesis']} -> {e['lesson']}" for e in entries)
+    lines = []
+    for e in entries:
+        metric = e.get("metric")
+        reached = "" if metric is None else f", validation metric {metric:.6g}"
+        lines.append(f"- [{e['outcome']}{reached}] {e['hypothesis']} -> {e['lesson']}")
+    return "\n".join(lines)
 
 
 def best_text(bench: Workbench) -> str:
-    best = bench.tree.best()
+    best = bench.best()
     return best.summary() if best else "No working solution yet."
+
+
+def outcome_text(bench: Workbench, node: Node, tail: int = 1500) -> str:
+    """What running the round did: its result (from the node as developed, done or not), how the runs ended, and
+    the end of the full run's output."""
+    lines = [f"node {node.id} ({node.stage}): {node.outcome()}"]
+    if node.sample_execution is not None:
+        lines.append(f"run on a data sample: {bench.describe(node.sample_execution)}")
+    run = node.execution
+    if run is not None:
+        lines.append(f"full run: {bench.describe(run)}")
+        if run.output_tail:
+            lines.append("output (tail):\n```\n" + run.output_tail[-tail:] + "\n```")
+    if node.analysis:
+        lines.append(f"review: {node.analysis}")
+    return "\n".join(lines)
 
 
 class Hypothesise:
@@ -87,15 +135,49 @@ class GiveFeedback:
     role: ClassVar[str] = "feedback"
 
     def __call__(self, bench: Workbench, node: Node) -> Feedback | None:
-        prompt = render("feedback", hypothesis=node.hypothesis or "(none)", outcome=node.summary(),
-                        best=bench.best_before(node), knowledge=knowledge_text(bench))
+        solution = node.plan or "(no plan)"
+        prompt = render("feedback", hypothesis=node.hypothesis or "(none)", outcome=outcome_text(bench, node),
+                        solution=solution, best=bench.best_before(node), knowledge=knowledge_text(bench))
         answer = ask_for_tool(bench, self.role, [Message.system(bench.system_prompt), Message.user(prompt)],
                               SUBMIT_FEEDBACK, _check_feedback)
         if answer.arguments is None:
             return None
         args = answer.arguments
         return Feedback(supported=args["supported"], observations=args["observations"].strip(),
-                        lesson=args["lesson"].strip())
+                        lesson=args["lesson"].strip(), replace_best=args.get("replace_best", False))
+
+
+class Critique:
+    """R&D-Agent's code evaluator: reads the script and its sample run, says whether it is ready (tool call)."""
+
+    name: ClassVar[str] = "critique"
+    role: ClassVar[str] = "feedback"
+
+    def __call__(self, bench: Workbench, node: Node) -> CodeReview | None:
+        from rexmle_agents.scaffolds.operators.code import failure_knowledge
+
+        run = node.sample_execution
+        prompt = render("critique", metric=bench.task_metric.text(), hypothesis=node.hypothesis or "(none)",
+                        code=node.code, execution=bench.describe(run) if run else "not run on a sample",
+                        output=run.output_tail if run else "", failures=failure_knowledge(bench))
+        answer = ask_for_tool(bench, self.role, [Message.system(bench.system_prompt), Message.user(prompt)],
+                              SUBMIT_CODE_REVIEW, _check_code_review)
+        if answer.arguments is None:
+            return None
+        return CodeReview(ready=answer.arguments["ready"], feedback=answer.arguments["feedback"].strip())
+
+
+class SummariseMemory:
+    """AIRA's memory operator: one plain-text digest of every finished node (the workbench caches it)."""
+
+    name: ClassVar[str] = "summarise_memory"
+    role: ClassVar[str] = "feedback"
+
+    def __call__(self, bench: Workbench, node: Node) -> str:
+        nodes = "\n".join(n.summary() for n in bench.tree.done)
+        response = bench.generate(self.role, [Message.system(bench.system_prompt),
+                                              Message.user(render("summarise_memory", nodes=nodes))])
+        return response.text.strip() or nodes
 
 
 def _check_hypothesis(arguments: Mapping[str, Any]) -> str:
@@ -106,4 +188,10 @@ def _check_hypothesis(arguments: Mapping[str, Any]) -> str:
 
 
 def _check_feedback(arguments: Mapping[str, Any]) -> str:
-    return check_fields(arguments, {"supported": (bool,), "observations": (str,), "lesson": (str,)})
+    # replace_best is asked for; a feedback without it makes no decision (the loop keeps its best)
+    optional = {"replace_best": (bool,)} if "replace_best" in arguments else {}
+    return check_fields(arguments, {"supported": (bool,), "observations": (str,), "lesson": (str,), **optional})
+
+
+def _check_code_review(arguments: Mapping[str, Any]) -> str:
+    return check_fields(arguments, {"ready": (bool,), "feedback": (str,)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rexmle_agents.scaffolds.policies.base import Policy
+from rexmle_agents.scaffolds.policies.evolution import Evolutionary
 from rexmle_agents.scaffolds.policies.greedy import Greedy
 from rexmle_agents.scaffolds.policies.mcts import Mcts
 from rexmle_agents.scaffolds.policies.rdloop import RdLoop
@@ -24,7 +25,7 @@ def get_policy_class(name: str) -> Any:
     return POLICIES[name]
 
 
-for _cls in (Greedy, Mcts, RdLoop):
+for _cls in (Greedy, Mcts, RdLoop, Evolutionary):
     register_policy(_cls)
 
-__all__ = ["POLICIES", "Greedy", "Mcts", "Policy", "RdLoop", "get_policy_class", "register_policy"]
+__all__ = ["POLICIES", "Evolutionary", "Greedy", "Mcts", "Policy", "RdLoop", "get_policy_class", "register_policy"]

@@ -1,5 +1,6 @@
-"""AIDE's greedy policy: ``num_drafts`` drafts first; then, with probability ``debug_prob``, debug a buggy leaf no
-deeper than ``max_debug_depth`` debug steps; otherwise improve the best node (a draft when none works yet).
+"""AIDE's greedy policy: ``num_drafts`` drafts first; then, with probability ``debug_prob``, debug a buggy leaf whose
+chain of debug steps is at most ``max_debug_depth`` long (AIDE's ``<=``: a leaf at the limit is debugged once more);
+otherwise improve the best node (a draft when none works yet).
 
 The random choice is seeded by the run seed and the tree size, so a resumed run makes the choices the killed one
 would have made."""
@@ -34,7 +35,7 @@ class Greedy:
             return Stage.DRAFT.value, None
         rng = random.Random(f"greedy:{self.seed}:{len(tree)}")
         if rng.random() < self.debug_prob:
-            debuggable = [n for n in tree.buggy_leaves if n.debug_depth < self.max_debug_depth]
+            debuggable = [n for n in tree.buggy_leaves if n.debug_depth <= self.max_debug_depth]
             if debuggable:
                 return Stage.DEBUG.value, rng.choice(debuggable).id
         best = tree.best()

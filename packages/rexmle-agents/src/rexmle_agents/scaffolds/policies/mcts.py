@@ -4,8 +4,11 @@ Selection descends from a virtual root by UCT, ``Q/N + c(t) * sqrt(ln N_parent /
 decays linearly from ``c_start`` to ``c_end`` over ``c_decay_nodes`` nodes. A node is expanded while it has fewer
 children than the cap of its action: the root drafts (``num_drafts``), a working node is improved
 (``max_improve_children``), a buggy one is debugged (``max_debug_children``, down to ``max_debug_depth``). The new
-node's reward (``reward_buggy``, or ``reward_valid`` plus ``reward_improved`` when it beats the best so far) is
-backed up along its path. With ``workers`` > 1 several nodes are developed at once in a thread pool; nodes in
+node's reward (``reward_buggy``, or ``reward_valid`` plus ``reward_improved`` when it beats the best so far, plus
+``reward_debug_fixed`` when a debug node fixed its parent) is backed up along its path. A working node whose last
+``stagnation_limit`` improvements all failed to beat it is a stagnant branch: it is expanded no further (ML-Master's
+branch termination; 0 turns it off). ML-Master's adaptive memory is the workbench's ``adaptive_memory`` setting,
+on in the ``mcts`` preset. With ``workers`` > 1 several nodes are developed at once in a thread pool; nodes in
 flight count towards their parent's cap and are never descended into.
 
 Steps: with one worker each node is one harness step around its model calls and execution. Steps do not nest, so
@@ -33,7 +36,8 @@ class Mcts:
     defaults: ClassVar[dict[str, Any]] = {
         "num_drafts": 5, "max_improve_children": 3, "max_debug_children": 2, "max_debug_depth": 3,
         "c_start": 1.414, "c_end": 0.1, "c_decay_nodes": 40,
-        "reward_buggy": -1.0, "reward_valid": 1.0, "reward_improved": 1.0,
+        "reward_buggy": -1.0, "reward_valid": 1.0, "reward_improved": 1.0, "reward_debug_fixed": 1.0,
+        "stagnation_limit": 2,
     }
     slots: ClassVar[tuple[str, ...]] = ("draft", "debug", "improve", "analyse")
 
@@ -46,15 +50,26 @@ class Mcts:
         fraction = min(1.0, nodes_done / max(1, self.p["c_decay_nodes"]))
         return self.p["c_start"] + (self.p["c_end"] - self.p["c_start"]) * fraction
 
-    def action(self, node: Node | None) -> tuple[str | None, int]:
-        """The expansion action of ``node`` (None: the root) and its cap on children; (None, 0) when terminal."""
+    def action(self, node: Node | None, tree: Tree | None = None) -> tuple[str | None, int]:
+        """The expansion action of ``node`` (None: the root) and its cap on children; (None, 0) when terminal
+        (given ``tree``, a stagnant branch is terminal too)."""
         if node is None:
             return Stage.DRAFT.value, self.p["num_drafts"]
         if node.is_valid:
+            if tree is not None and self.stagnant(tree, node):
+                return None, 0
             return Stage.IMPROVE.value, self.p["max_improve_children"]
-        if node.debug_depth < self.p["max_debug_depth"]:
+        if node.duplicate_of is None and node.debug_depth < self.p["max_debug_depth"]:
             return Stage.DEBUG.value, self.p["max_debug_children"]
         return None, 0
+
+    def stagnant(self, tree: Tree, node: Node) -> bool:
+        """Whether the last ``stagnation_limit`` finished improvements of ``node`` all failed to beat it."""
+        limit = int(self.p["stagnation_limit"])
+        tries = [tree[i] for i in node.children if tree[i].done and tree[i].stage == Stage.IMPROVE.value]
+        if limit <= 0 or len(tries) < limit:
+            return False
+        return all(not t.is_valid or t.score <= node.score for t in tries[-limit:])  # type: ignore[operator]
 
     def _children(self, tree: Tree, node: Node | None) -> list[Node]:
         if node is None:
@@ -65,7 +80,7 @@ class Mcts:
         """Whether selection can still make a node somewhere in this subtree (in-flight nodes are closed)."""
         if not node.done:
             return False
-        action, cap = self.action(node)
+        action, cap = self.action(node, tree)
         children = self._children(tree, node)
         return (action is not None and len(children) < cap) or any(self.is_open(tree, c) for c in children)
 
@@ -79,7 +94,7 @@ class Mcts:
         c = self.exploration(len(tree.done))
         current: Node | None = None
         while True:
-            action, cap = self.action(current)
+            action, cap = self.action(current, tree)
             children = self._children(tree, current)
             if action is not None and len(children) < cap:
                 return action, None if current is None else current.id
@@ -98,7 +113,9 @@ class Mcts:
             return float(self.p["reward_buggy"])
         earlier = [n.score for n in tree.good if n.id != node.id and n.reward is not None]
         improved = not earlier or node.score > max(earlier)  # type: ignore[operator]
-        return float(self.p["reward_valid"]) + (float(self.p["reward_improved"]) if improved else 0.0)
+        fixed = node.stage == Stage.DEBUG.value  # a valid debug node repaired its buggy parent
+        return (float(self.p["reward_valid"]) + (float(self.p["reward_improved"]) if improved else 0.0)
+                + (float(self.p["reward_debug_fixed"]) if fixed else 0.0))
 
     def backup(self, tree: Tree, node: Node) -> None:
         node.reward = self.reward(tree, node)
