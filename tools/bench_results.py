@@ -6,8 +6,9 @@ Usage: .venv/bin/python tools/bench_results.py [--runs 1000] [--nodes 500] [--ke
    x 3 models x 20 tasks x 5 seeds, plus the sample agent on 20 tasks x 5 seeds, about 10% invalid submissions),
    then times `rexmle report` on them as a user runs it (a new process, 2,000 bootstrap replicates), alone and with
    the tidy tables.
-2. Writes one scaffold run of M nodes the way the engine writes it today (the whole tree saved as ``agent_state``
-   twice per node, so the journal grows with M squared; code and output tails of 2,000 characters per node), then
+2. Writes one scaffold run of M nodes the way the engine writes it (the tree saved as ``agent_state``: a full state
+   every ``FULL_STATE_EVERY`` saves, deltas of the changed nodes in between, twice per node; code and output tails
+   of 2,000 characters per node), then
    times `rexmle view` on it and reports the page's size.
 
 Targets (issue 20): report < 10 s on 2 cores including the bootstrap; view < 2 s and < 5 MB.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from rexmle_agents.harness.spec import Limits, RunSpec
 from rexmle_agents.results.records import RunStatus
+from rexmle_agents.scaffolds.engine import FULL_STATE_EVERY
 from rexmle_grade.report import ReportEntry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +127,16 @@ def _node(i: int, parent: int | None, done: bool, code: str, output: str) -> dic
             "visits": 0, "value_sum": 0.0, "reward": None, "worker": 0, "step": i + 1}
 
 
+def _tree_save(t: float, step: int, before: list[str], changed: list[str], saves: int) -> str:
+    """An ``agent_state`` line as the engine writes it: a full tree on the first save and every
+    ``FULL_STATE_EVERY`` saves, else a delta with the changed nodes."""
+    if saves % FULL_STATE_EVERY == 0:
+        state = f'{{"format": 1, "nodes": [{",".join([*before, *changed])}], "knowledge": []}}'
+    else:
+        state = f'{{"format": 1, "delta": true, "nodes": [{",".join(changed)}], "knowledge_from": 0, "knowledge": []}}'
+    return f'{{"kind": "agent_state", "time": {t}, "step": {step}, "key": "scaffold", "state": {state}}}\n'
+
+
 def write_big_run(root: Path, nodes: int, chars: int = 2000) -> Path:
     spec = RunSpec(task_id="isles22", task_version="1.0.0", split_digest="bench", agent="aide", agent_version="0.1.0",
                    models={"default": "openai/gpt-5"}, seed=0, group="big", data_root="", rexmle_versions=VERSIONS)
@@ -135,6 +147,7 @@ def write_big_run(root: Path, nodes: int, chars: int = 2000) -> Path:
     code = ("import numpy as np\n" + "x = np.zeros(10)  # training code\n" * 60)[:chars]
     output = ("epoch 1/10 loss 0.5\n" * 200)[:chars]
     done: list[str] = []
+    saves = 0
     with (run / "journal.jsonl").open("w", encoding="utf-8") as journal:
         journal.write(_line({"kind": "run_started", "time": start, "attempt": 1, "pid": 1, "host": "bench",
                              "consumed_s": 0.0, "steps_done": 0, "sandbox": "bwrap", "isolating": True,
@@ -147,8 +160,8 @@ def write_big_run(root: Path, nodes: int, chars: int = 2000) -> Path:
             journal.write(_line({"kind": "step_started", "time": t, "step": step, "step_kind": "node",
                                  "info": {"stage": "improve", "parent": parent, "node": i}}))
             pending = json.dumps(_node(i, parent, False, code, output))
-            journal.write(f'{{"kind": "agent_state", "time": {t + 1}, "step": {step}, "key": "scaffold", "state": '
-                          f'{{"format": 1, "nodes": [{",".join([*done, pending])}], "knowledge": []}}}}\n')
+            journal.write(_tree_save(t + 1, step, done, [pending], saves))
+            saves += 1
             for call in range(2):
                 totals = {"calls": totals["calls"] + 1, "usage": {
                     "input_tokens": totals["usage"]["input_tokens"] + 3000,
@@ -172,8 +185,8 @@ def write_big_run(root: Path, nodes: int, chars: int = 2000) -> Path:
                                      "score": 0.5 + i / 2000, "valid": True, "has_code": True,
                                      "metadata": {"node": i, "lower_is_better": False}, "selection": None}))
             done.append(json.dumps(_node(i, parent, True, code, output)))
-            journal.write(f'{{"kind": "agent_state", "time": {t + 80}, "step": {step}, "key": "scaffold", "state": '
-                          f'{{"format": 1, "nodes": [{",".join(done)}], "knowledge": []}}}}\n')
+            journal.write(_tree_save(t + 80, step, done[:-1], [done[-1]], saves))
+            saves += 1
             journal.write(_line({"kind": "step_finished", "time": t + 90, "step": step, "step_kind": "node",
                                  "status": "ok", "seconds": 90.0, "result": {},
                                  "model_usage": {"calls": 2, "usage": {"input_tokens": 6000, "output_tokens": 1600},

@@ -104,14 +104,14 @@ def test_the_group_and_run_pages_in_chromium(browser, group_dir: Path, agent_run
         path = trajectory(run)
         page.goto(f"{html.as_uri()}#run={run.run_id}")
         if path.kind == "tree":  # the journal's nodes: the scaffold's last saved tree
-            expected = len(run.journal().state("scaffold")["nodes"])
+            expected = len(saved_nodes(run))
         else:  # the journal's steps
             expected = len(run.journal().of_kind("step_started"))
         assert page.locator("svg .node").count() == expected >= 1, name
         assert page.locator("svg .node.final").count() == 1, name
     aide = load_run(agent_runs["aide"])
     page.goto(f"{html.as_uri()}#run={aide.run_id}")
-    nodes = aide.journal().state("scaffold")["nodes"]
+    nodes = saved_nodes(aide)
     marked = next(n for n in nodes if "not markup" in n["code"])
     page.locator(f'svg .node[data-node="{marked["id"]}"]').click()
     assert page.locator("#node-code").inner_text().strip() == marked["code"].strip()
@@ -122,12 +122,19 @@ def test_the_group_and_run_pages_in_chromium(browser, group_dir: Path, agent_run
     assert page.title() != "owned"
 
 
+def saved_nodes(run) -> list[dict]:
+    """The scaffold's tree as its journal holds it (the last full state and the deltas after it, folded)."""
+    from rexmle_agents.scaffolds.tree import Tree
+
+    return Tree.from_states(run.journal().states("scaffold")).to_state()["nodes"]
+
+
 def test_a_single_run_page_in_chromium(browser, agent_runs: dict[str, Path], tmp_path: Path) -> None:
     target = tmp_path / "copy"
     shutil.copytree(agent_runs["rdloop"], target)
     assert main(["view", str(target)]) == 0
     page, errors = open_page(browser, (target / "view.html").as_uri())
-    nodes = load_run(target).journal().state("scaffold")["nodes"]
+    nodes = saved_nodes(load_run(target))
     assert page.locator("svg .node").count() == len(nodes)
     first = nodes[0]
     page.locator(f'svg .node[data-node="{first["id"]}"]').click()

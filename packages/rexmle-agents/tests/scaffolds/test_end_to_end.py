@@ -15,11 +15,7 @@ from rexmle_agents.scaffolds.tree import Tree
 
 
 def tree_of(run_dir: Path) -> Tree:
-    state = None
-    for event in Journal(run_dir / "journal.jsonl").iter_events():
-        if event["kind"] == "agent_state" and event.get("key") == STATE_KEY:
-            state = event["state"]
-    return Tree.from_state(state)
+    return Tree.from_journal(Journal(run_dir / "journal.jsonl").iter_events(), STATE_KEY)
 
 
 def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:

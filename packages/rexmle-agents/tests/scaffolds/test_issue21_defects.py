@@ -85,11 +85,7 @@ def tree_of(run_dir: Path) -> Any:
     from rexmle_agents.scaffolds.engine import STATE_KEY
     from rexmle_agents.scaffolds.tree import Tree
 
-    state = None
-    for event in events(run_dir, "agent_state"):
-        if event.get("key") == STATE_KEY:
-            state = event["state"]
-    return Tree.from_state(state)
+    return Tree.from_journal(events(run_dir, "agent_state"), STATE_KEY)
 
 
 # ---- 1: the R&D loop's feedback sees the outcome of the round it judges ----------------------------------------

@@ -342,8 +342,7 @@ def test_the_evo_preset_runs_end_to_end_with_merges(run_scaffold, fakes) -> None
                                                       "max_nodes": 3},
                                  limits=Limits(time_limit_s=120, exec_timeout_s=20))
     assert outcome.state == "finished", outcome.reason
-    state = [e for e in Journal(outcome.run_dir / "journal.jsonl").iter_events() if e["kind"] == "agent_state"]
-    nodes = state[-1]["state"]["nodes"]
+    nodes = Tree.from_journal(Journal(outcome.run_dir / "journal.jsonl").iter_events()).to_state()["nodes"]
     assert [(n["stage"], n["parent"], n["merged_with"]) for n in nodes][2][0] == "merge"
     assert {nodes[2]["parent"], nodes[2]["merged_with"]} == {0, 1}
     log = next(e for e in Journal(outcome.run_dir / "journal.jsonl").iter_events() if e["kind"] == "log")

@@ -109,7 +109,8 @@ def by_id(values: dict[int, float | None], default: float | None = 0.5) -> Outco
 
 
 def saved_tree(ctx: FakeContext, index: int = -1) -> Tree:
-    return Tree.from_state(ctx.saved[index])
+    """The tree as saved up to the ``index``-th save (full states and deltas folded)."""
+    return Tree.from_states(ctx.saved[: len(ctx.saved) if index == -1 else index + 1])
 
 
 def node_steps(ctx: FakeContext) -> list[int]:

@@ -39,11 +39,7 @@ DRIVER = textwrap.dedent('''
 
 
 def _saved_tree(journal: Path) -> Tree:
-    state = None
-    for event in Journal(journal).iter_events():
-        if event["kind"] == "agent_state" and event.get("key") == STATE_KEY:
-            state = event["state"]
-    return Tree.from_state(state)
+    return Tree.from_journal(Journal(journal).iter_events(), STATE_KEY)
 
 
 @pytest.mark.parametrize("agent", ["aide", pytest.param("mcts", marks=pytest.mark.slow)])

@@ -307,7 +307,7 @@ class Tracker:
         outputs = spec.outputs
         self.submission_rel = fill(outputs.submission, values)
         self.tree_rel = fill(outputs.tree.path, values) if outputs.tree is not None else None
-        self.tree = Tree.from_state(ctx.load_state(SCAFFOLD_STATE_KEY))  # earlier attempts' nodes stay
+        self.tree = Tree.from_states(ctx.load_states(SCAFFOLD_STATE_KEY))  # earlier attempts' nodes stay
         self.ids: dict[str, int] = {}  # the agent's node key -> node id, this attempt
         self.nodes_this_attempt = 0
         self.snapshots = sum(1 for e in ctx.journal.iter_events() if e["kind"] == "snapshot")

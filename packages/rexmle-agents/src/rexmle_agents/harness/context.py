@@ -395,11 +395,12 @@ class RunContext:
 
     def load_state(self, key: str = "agent") -> Any:
         """The last state saved under ``key`` (also by an earlier attempt of this run), or None."""
-        state = None
-        for event in self.journal.iter_events():
-            if event["kind"] == "agent_state" and event.get("key") == key:
-                state = event["state"]
-        return state
+        states = self.load_states(key)
+        return states[-1] if states else None
+
+    def load_states(self, key: str = "agent") -> list[Any]:
+        """Every state saved under ``key``, oldest first (for agents that save deltas: the scaffolds' tree)."""
+        return [e["state"] for e in self.journal.iter_events() if e["kind"] == "agent_state" and e.get("key") == key]
 
     def log(self, message: str, **data: Any) -> None:
         logger.info("%s: %s", self.spec.run_id, message)

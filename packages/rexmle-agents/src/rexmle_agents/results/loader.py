@@ -51,6 +51,7 @@ CLUSTER_FILE = "cluster.json"  # only runs of the SLURM executor have one
 # journal lines are written by json.dumps (", " and ": ") or by pydantic (compact); both forms are recognised
 _STATE_PREFIXES = (b'{"kind": "agent_state"', b'{"kind":"agent_state"')
 _STATE_KEY = re.compile(rb'"key":\s?"((?:[^"\\]|\\.)*)"')
+_DELTA = re.compile(rb'"state":\s?\{"format":\s?\d+,\s?"delta":\s?true')
 MAX_PROBLEMS_PER_FILE = 20
 
 
@@ -74,8 +75,9 @@ class JournalScan:
     path: Path
     events: list[Any]
     problems: list[str]
-    _state_spans: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # key -> (offset, end, line number)
-    _states: dict[str, Any] = field(default_factory=dict)
+    # key -> the spans (offset, end, line number) of its last full state and every later delta
+    _state_spans: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    _states: dict[str, list[Any]] = field(default_factory=dict)
 
     def of_kind(self, *kinds: str) -> list[Any]:
         return [e for e in self.events if getattr(e, "kind", None) in kinds]
@@ -86,22 +88,26 @@ class JournalScan:
 
     def state(self, key: str) -> Any:
         """The last ``agent_state`` saved under ``key`` (None if never saved)."""
+        states = self.states(key)
+        return states[-1] if states else None
+
+    def states(self, key: str) -> list[Any]:
+        """The states saved under ``key`` from its last full state on (a delta-saving agent folds them: the
+        scaffolds' :meth:`Tree.from_states`); parsed on demand."""
         if key in self._states:
             return self._states[key]
-        span = self._state_spans.get(key)
-        value = None
-        if span is not None:
-            start, end, number = span
-            with self.path.open("rb") as handle:
+        values = []
+        with self.path.open("rb") as handle:
+            for start, end, number in self._state_spans.get(key, []):
                 handle.seek(start)
                 raw = handle.read(end - start)
-            try:
-                value = EVENT_ADAPTER.validate_json(raw).state
-            except ValidationError as exc:
-                self.problems.append(f"{self.path.name} line {number}: agent_state does not match the run format: "
-                                     f"{_first_error(exc)}")
-        self._states[key] = value
-        return value
+                try:
+                    values.append(EVENT_ADAPTER.validate_json(raw).state)
+                except ValidationError as exc:
+                    self.problems.append(f"{self.path.name} line {number}: agent_state does not match the run "
+                                         f"format: {_first_error(exc)}")
+        self._states[key] = values
+        return values
 
 
 def scan_journal(path: Path) -> JournalScan:
@@ -117,11 +123,15 @@ def scan_journal(path: Path) -> JournalScan:
             torn = end == -1
             end = size if torn else end
             number += 1
-            head = data[start:start + 200]
+            head = data[start:start + 300]
             if head.startswith(_STATE_PREFIXES) and not torn:
                 match = _STATE_KEY.search(head)
                 if match is not None:
-                    scan._state_spans[json.loads(b'"' + match.group(1) + b'"')] = (start, end, number)
+                    key = json.loads(b'"' + match.group(1) + b'"')
+                    if _DELTA.search(head) and key in scan._state_spans:
+                        scan._state_spans[key].append((start, end, number))
+                    else:  # a full state: what came before it is not needed
+                        scan._state_spans[key] = [(start, end, number)]
                     start = end + 1
                     continue
             line = data[start:end]

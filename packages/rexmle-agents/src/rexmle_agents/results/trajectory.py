@@ -27,6 +27,7 @@ from rexmle_agents.results.records import (
     StepFinished,
     StepStarted,
 )
+from rexmle_grade.errors import RexmleError
 
 SCAFFOLD_STATE_KEY = "scaffold"
 _NODE_EXEC = re.compile(r"-node(\d+)(-sample)?$")
@@ -112,7 +113,14 @@ def trajectory(run: RunRecord) -> Trajectory:
     if final is None:  # still running: the agent's latest choice
         final = next((e.snapshot for e in reversed(events) if isinstance(e, FinalSelected)), None)
     calls = [e for e in events if isinstance(e, ModelCall)]
-    state = scan.state(SCAFFOLD_STATE_KEY) if SCAFFOLD_STATE_KEY in scan.state_keys else None
+    state = None
+    if SCAFFOLD_STATE_KEY in scan.state_keys:  # the last full tree and the deltas saved after it, folded
+        from rexmle_agents.scaffolds.tree import Tree
+
+        try:
+            state = Tree.from_states(scan.states(SCAFFOLD_STATE_KEY)).to_state()
+        except RexmleError as exc:
+            scan.problems.append(f"{scan.path.name}: the saved search tree cannot be read: {exc.message}")
     if isinstance(state, dict) and isinstance(state.get("nodes"), list):
         nodes = _tree_nodes(state["nodes"], events)
         kind, knowledge = "tree", list(state.get("knowledge") or [])

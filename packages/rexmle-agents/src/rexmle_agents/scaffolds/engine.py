@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from rexmle_agents.harness.context import Candidate, RunContext
 
 STATE_KEY = "scaffold"
+FULL_STATE_EVERY = 50  # saves between two full states of the tree (the others are deltas)
 SAMPLE_ENV = "SAMPLE"
 SUBMISSION_ENV = "SUBMISSION_DIR"
 FALLBACK_DIR = f"{WORKING_DIRNAME}/fallback/{SUBMISSION_DIRNAME}"  # where the sample-shaped fallback is assembled
@@ -87,6 +88,10 @@ class Workbench:
         # A policy that decides the best node itself (the R&D loop's feedback) sets this; else the best metric.
         self.choose_best: Callable[[Tree], Node | None] | None = None
         self._selected: str | None = None
+        # what the journal holds of the tree (None: nothing yet in this attempt, so the next save is a full state)
+        self._saved_nodes: dict[int, dict[str, Any]] | None = None
+        self._saved_knowledge: list[dict[str, Any]] = []
+        self._deltas = 0
         self._task_metric: TaskMetric | None = None
         self._preview: str | None = None
         self._memory_summary: tuple[int, str] | None = None
@@ -182,7 +187,22 @@ class Workbench:
 
     # ---- one node -----------------------------------------------------------------------------------------
     def save(self) -> None:
-        self.ctx.save_state(self.tree.to_state(), key=STATE_KEY)
+        """Journal the tree: the nodes that changed since the last save (a full state on the first save of an
+        attempt and every :data:`FULL_STATE_EVERY` saves, so a resume folds a bounded number of deltas)."""
+        records = {n.id: n.to_dict() for n in self.tree}
+        knowledge = self.tree.knowledge
+        appended = (len(knowledge) >= len(self._saved_knowledge)
+                    and knowledge[:len(self._saved_knowledge)] == self._saved_knowledge)
+        if self._saved_nodes is None or self._deltas >= FULL_STATE_EVERY or not appended:
+            self.ctx.save_state(self.tree.to_state(), key=STATE_KEY)
+            self._deltas = 0
+        else:
+            changed = [r for i, r in records.items() if self._saved_nodes.get(i) != r]
+            start = len(self._saved_knowledge)
+            self.ctx.save_state(Tree.delta(changed, start, knowledge[start:]), key=STATE_KEY)
+            self._deltas += 1
+        self._saved_nodes = records
+        self._saved_knowledge = [dict(k) for k in knowledge]
 
     @contextlib.contextmanager
     def node_step(self, stage: str, parent: int | None, *, redo: Node | None = None,

@@ -109,7 +109,7 @@ class ScaffoldAgent(BaseAgent):
     def run(self, ctx: RunContext) -> None:
         policy_cls = get_policy_class(self.policy_name)
         policy = policy_cls({k: self.config[k] for k in policy_cls.defaults}, ctx.spec.seed)
-        tree = Tree.from_state(ctx.load_state(STATE_KEY))
+        tree = Tree.from_states(ctx.load_states(STATE_KEY))
         bench = Workbench(ctx, Settings.from_config(self.config),
                           {slot: get_operator(name) for slot, name in self.operator_names.items()}, tree)
         ctx.log(f"{self.name}: policy {self.policy_name}, {len(tree.done)} node(s) already done",
