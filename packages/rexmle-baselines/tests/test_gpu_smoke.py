@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rexmle_baselines.base import cuda_available
-from rexmle_baselines.smoke import SMOKE_RUNS, SmokeRun, extrapolate, markdown, run_one
+from rexmle_baselines.smoke import SMOKE_RUNS, SmokeRun, extrapolate, markdown, run_one, steady_seconds_per_step
 
 LIMIT_S = 600  # one run; all of them together take a few minutes on one H100-class GPU (the design target)
 
@@ -40,6 +40,9 @@ def test_smoke_measurements_extrapolate_to_the_real_datasets_size() -> None:
     nnunet = extrapolate({"measurements": {"seconds_per_step": {"fold 0": 0.2}}}, SMOKE_RUNS[0])
     assert nnunet["full_steps"] == 5 * 1000 * 250 and nnunet["budget_gpu_hours_estimate"] == 12.0
     assert extrapolate({}, run)["full_gpu_hours_estimate"] is None
+    # the folds of one network count by the warm one; different networks by their mean
+    assert steady_seconds_per_step({"fold 0": 4.69586, "fold 1": 0.03215}) == pytest.approx(0.03215)
+    assert steady_seconds_per_step({"quadrant": 0.1, "enumeration": 0.2, "diagnosis": 0.3}) == pytest.approx(0.2)
 
 
 def test_the_smoke_table_labels_estimates_as_estimates() -> None:
@@ -49,3 +52,22 @@ def test_the_smoke_table_labels_estimates_as_estimates() -> None:
     table = markdown([result], "NVIDIA H100")
     assert "(measured)" in table and "(estimates, not measurements)" in table and "| unet-enhance | usenhance | yes" \
         in table
+
+
+def test_the_step_clock_leaves_the_first_step_out(monkeypatch) -> None:
+    """The first optimiser step pays for CUDA's start and cuDNN autotuning: the steady seconds per step, which the
+    estimates extrapolate, are those after it; the first step's own seconds are recorded beside them."""
+    from rexmle_baselines import base
+
+    now = iter([100.0, 102.5, 112.5])  # start, after the first step (2.5 s), when recorded: 10 s for 4 more steps
+    monkeypatch.setattr(base.time, "monotonic", lambda: next(now))
+    clock = base.StepClock()
+    for _ in range(5):
+        clock.tick()
+    assert clock.seconds_per_step() == pytest.approx(2.5)
+    assert clock.first_step_s == pytest.approx(2.5)
+    single = base.StepClock.__new__(base.StepClock)
+    single.started, single.steps, single.first_step_s = 0.0, 1, 3.0
+    assert single.seconds_per_step(now=3.0) == pytest.approx(3.0)
+    single.steps = 0
+    assert single.seconds_per_step(now=3.0) is None

@@ -174,8 +174,9 @@ print('WRITTEN', written)
     assert leaked == []
 
 
-def test_environment_has_no_host_secrets(world, monkeypatch) -> None:
+def test_environment_has_no_host_secrets(world, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-do-not-leak")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path}:/usr/lib")  # the host's own folder is not passed in
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-do-not-leak")
     sandbox = get_sandbox("bwrap", world.spec(gpus=()))
     result = sandbox.run(["env"])
@@ -186,6 +187,7 @@ def test_environment_has_no_host_secrets(world, monkeypatch) -> None:
     assert env["HF_HUB_OFFLINE"] == "1" and env["PYTHONUNBUFFERED"] == "1" and env["LANG"] == "C.UTF-8"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert env["PATH"].split(":")[0] == f"{sys.prefix}/bin"
+    assert env["LD_LIBRARY_PATH"] == "/usr/lib"
 
 
 def test_leaderboards_are_not_readable(world) -> None:

@@ -27,7 +27,7 @@ from rexmle_agents.sandbox import (
     default_sandbox_kind,
     get_sandbox,
 )
-from rexmle_agents.sandbox.environment import python_paths, sandbox_env
+from rexmle_agents.sandbox.environment import DEFAULT_PATH, python_paths, sandbox_env
 from rexmle_grade.errors import SandboxError, UnknownNameError
 
 
@@ -115,6 +115,21 @@ def test_environment_is_built_from_scratch(world, monkeypatch) -> None:
     bad = SandboxSpec(workspace=world.workspace, data=world.public, env={"OPENAI_API_KEY": "x"})
     with pytest.raises(SandboxError, match="OPENAI_API_KEY"):
         sandbox_env(bad, workspace=WORKSPACE)
+
+
+def test_host_search_paths_are_kept_only_inside_the_system_folders(world, monkeypatch, tmp_path) -> None:
+    """A GPU machine's driver tools and libraries (/usr/local/nvidia/bin, .../lib64) are often found only through
+    PATH and LD_LIBRARY_PATH: a sandbox showing the host's system folders keeps those entries, and no other."""
+    spec = SandboxSpec(workspace=world.workspace, data=world.public)
+    monkeypatch.setenv("PATH", f"{tmp_path}:relative/bin:/usr/share:/usr/bin:/nonexistent/usr")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/usr/lib:{tmp_path}:/usr/lib")
+    env = sandbox_env(spec, workspace=WORKSPACE, venv_bin="/venv/bin", host_system=True)
+    assert env["PATH"].split(":") == ["/venv/bin", *DEFAULT_PATH.split(":"), "/usr/share"]
+    assert env["LD_LIBRARY_PATH"] == "/usr/lib"
+    plain = sandbox_env(spec, workspace=WORKSPACE, venv_bin="/venv/bin")  # a container has its own system
+    assert "/usr/share" not in plain["PATH"] and "LD_LIBRARY_PATH" not in plain
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    assert "LD_LIBRARY_PATH" not in sandbox_env(spec, workspace=WORKSPACE, host_system=True)
 
 
 def test_python_paths_cover_venv_and_editable_sources() -> None:

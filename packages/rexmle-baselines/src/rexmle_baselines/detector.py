@@ -20,7 +20,6 @@ the device. A horizontal flip (``hflip``) mirrors the patient's left and right, 
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
     EpochPlan,
+    StepClock,
     autocast,
     end_epoch,
     prepare_run,
@@ -225,7 +225,7 @@ def train_detector(images: list[TrainingImage], level: Level, ctx: BaselineConte
     generator = torch.Generator().manual_seed(ctx.seed)
     model.train()
     last_finite: float | None = None
-    epoch, step, started = 0, 0, time.monotonic()
+    epoch, step, clock = 0, 0, StepClock()
     while epoch < plan.total:
         epoch += 1
         order = torch.randperm(len(images), generator=generator).tolist()
@@ -251,13 +251,14 @@ def train_detector(images: list[TrainingImage], level: Level, ctx: BaselineConte
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 10.0)
             optimiser.step()
+            clock.tick()
             total += float(loss.detach())
             batches += 1
             step += 1
         last_finite = end_epoch(ctx, epoch, plan.total, total / batches, last_finite,
                                 what=f"{level.name} detector, ")
         plan.after_epoch()
-    record_speed(ctx, seconds=time.monotonic() - started, steps=step, what=level.name)
+    record_speed(ctx, clock=clock, what=level.name)
     return model.eval()
 
 

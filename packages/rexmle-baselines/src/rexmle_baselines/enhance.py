@@ -18,7 +18,6 @@ Training uses random crops; inference runs on the whole image, reflect-padded to
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
     EpochPlan,
+    StepClock,
     adamw_cosine,
     autocast,
     end_epoch,
@@ -130,7 +130,7 @@ def train(step_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], model
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
-    epoch, started = 0, time.monotonic()
+    epoch, clock = 0, StepClock()
     while epoch < plan.total:
         epoch += 1
         total = 0.0
@@ -141,11 +141,12 @@ def train(step_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], model
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
+            clock.tick()
             schedule.step()
             total += float(loss.detach())
         last_finite = end_epoch(ctx, epoch, plan.total, total / steps, last_finite)
         schedule.resize(plan.after_epoch() * steps)
-    record_speed(ctx, seconds=time.monotonic() - started, steps=epoch * steps)
+    record_speed(ctx, clock=clock)
 
 
 def write_enhanced(ctx: BaselineContext, enhance: Callable[[np.ndarray], np.ndarray]) -> None:

@@ -24,7 +24,6 @@ as Auto3DSeg and nnU-Net do); the ``budget`` config fits that into the time budg
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -35,6 +34,7 @@ from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
     EpochPlan,
+    StepClock,
     adamw_cosine,
     autocast,
     end_epoch,
@@ -337,7 +337,7 @@ class MonaiSegmentation(Baseline):
         optimiser, schedule = adamw_cosine(model, params, epochs)
         plan = EpochPlan(ctx, epochs)
         last_finite: float | None = None
-        epoch, steps, started = 0, 0, time.monotonic()
+        epoch, steps, clock = 0, 0, StepClock()
         while epoch < plan.total:
             epoch += 1
             model.train()
@@ -348,13 +348,14 @@ class MonaiSegmentation(Baseline):
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
                 optimiser.step()
+                clock.tick()
                 total += float(loss.detach())
                 batches += 1
             steps += batches
             last_finite = end_epoch(ctx, epoch, plan.total, total / max(1, batches), last_finite)
             schedule.resize(plan.after_epoch())
             schedule.step()
-        record_speed(ctx, seconds=time.monotonic() - started, steps=steps)
+        record_speed(ctx, clock=clock)
         self.predict(ctx, io, model, patch, grid)
 
     def predict(self, ctx: BaselineContext, io: SegmentationIO, model: Any, patch: tuple[int, ...], grid: Grid) -> None:
@@ -383,4 +384,4 @@ class MonaiSegmentation(Baseline):
             predictions[case.case_id] = resample_to_shape(labels[0].cpu().numpy().astype(np.uint8), shape)
         io.write_submission(predictions, ctx.out_dir)
         ctx.log(f"wrote predictions for {len(predictions)} test cases")
-        record_speed(ctx, seconds=0.0, steps=0)
+        record_speed(ctx)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -30,6 +29,7 @@ from rexmle_baselines.base import (
     Baseline,
     BaselineContext,
     EpochPlan,
+    StepClock,
     adamw_cosine,
     autocast,
     end_epoch,
@@ -94,7 +94,7 @@ def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
-    epoch, steps, started = 0, 0, time.monotonic()
+    epoch, steps, clock = 0, 0, StepClock()
     while epoch < plan.total:
         epoch += 1
         order = torch.randperm(len(inputs), generator=generator)
@@ -109,12 +109,13 @@ def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
+            clock.tick()
             total += float(loss.detach()) * len(batch)
             steps += 1
         last_finite = end_epoch(ctx, epoch, plan.total, total / len(inputs), last_finite, what=what)
         schedule.resize(plan.after_epoch())
         schedule.step()
-    record_speed(ctx, seconds=time.monotonic() - started, steps=steps, what=what.strip(" ,") or "model")
+    record_speed(ctx, clock=clock, what=what.strip(" ,") or "model")
 
 
 def predict(model: torch.nn.Module, inputs: torch.Tensor, ctx: BaselineContext) -> np.ndarray:

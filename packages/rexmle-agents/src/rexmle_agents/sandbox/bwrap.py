@@ -85,7 +85,8 @@ class BwrapSandbox(Sandbox):
             _check_readable_by_others([*self.view.ro_paths, spec.data, *(Path(b.host) for b in spec.binds)],
                                       self.user.name)
         self.gpus = gpu_binds(spec.limits.gpus) if spec.limits.gpus else ([], [], [])
-        env = environment.sandbox_env(spec, workspace=WORKSPACE, tmpdir="/tmp", venv_bin=environment.venv_bin())
+        env = environment.sandbox_env(spec, workspace=WORKSPACE, tmpdir="/tmp", venv_bin=environment.venv_bin(),
+                                      host_system=True)
         if self.gpus[2]:  # the run's GPUs by UUID: the numbering of indices differs between tools
             env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.minor) for d in self.gpus[2])
         self.env = env

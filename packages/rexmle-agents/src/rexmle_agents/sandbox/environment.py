@@ -190,15 +190,37 @@ def host_view(spec: SandboxSpec) -> HostView:
     )
 
 
+def system_search_path(variable: str) -> list[str]:
+    """The host's entries of a search path (``PATH``, ``LD_LIBRARY_PATH``) that lie inside the system folders a
+    sandbox on this host shows read-only: on GPU machines the driver's tools and libraries are often found only
+    that way (``/usr/local/nvidia/bin``, ``/usr/local/nvidia/lib64``, ``/usr/local/cuda/bin``). Nothing else of
+    the host's environment is kept."""
+    roots = [Path(name).resolve() for name in SYSTEM_DIRS if Path(name).is_dir()]
+    kept: list[str] = []
+    for entry in os.environ.get(variable, "").split(os.pathsep):
+        if not entry.startswith("/") or entry in kept:
+            continue
+        path = Path(entry)
+        if path.is_dir() and any(_inside(path.resolve(), root) for root in roots):
+            kept.append(entry)
+    return kept
+
+
 def sandbox_env(spec: SandboxSpec, *, workspace: str, tmpdir: str | None = None,
-                venv_bin: str | None = None) -> dict[str, str]:
+                venv_bin: str | None = None, host_system: bool = False) -> dict[str, str]:
     """The complete environment of commands inside (nothing inherited from the host), ``spec.env`` last.
 
     ``workspace`` is the workspace as commands see it; ``tmpdir`` the temporary folder (default inside the
-    workspace); ``venv_bin`` goes first on PATH when given."""
+    workspace); ``venv_bin`` goes first on PATH when given. ``host_system`` (a sandbox that shows the host's own
+    system folders) keeps the host's PATH and LD_LIBRARY_PATH entries inside those folders, after the defaults."""
     home = f"{workspace}/{HOME_DIRNAME}"
+    path = [*([venv_bin] if venv_bin else []), *DEFAULT_PATH.split(":")]
+    libraries: list[str] = []
+    if host_system:
+        path += [entry for entry in system_search_path("PATH") if entry not in path]
+        libraries = system_search_path("LD_LIBRARY_PATH")
     env = {
-        "PATH": f"{venv_bin}:{DEFAULT_PATH}" if venv_bin else DEFAULT_PATH,
+        "PATH": ":".join(path),
         "HOME": home,
         "TMPDIR": tmpdir or f"{workspace}/{TMP_DIRNAME}",
         "LANG": "C.UTF-8",
@@ -212,6 +234,8 @@ def sandbox_env(spec: SandboxSpec, *, workspace: str, tmpdir: str | None = None,
         "CUDA_VISIBLE_DEVICES": ",".join(spec.limits.gpus),
         "REXMLE_WORKSPACE": workspace,
     }
+    if libraries:
+        env["LD_LIBRARY_PATH"] = ":".join(libraries)
     if spec.limits.cpus is not None:
         env.update(dict.fromkeys(_THREAD_VARIABLES, str(spec.limits.cpus)))
     if sys.prefix != sys.base_prefix and venv_bin:

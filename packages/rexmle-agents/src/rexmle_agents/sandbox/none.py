@@ -25,7 +25,8 @@ class NoSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec) -> None:
         super().__init__(spec)
         workspace = str(spec.workspace.resolve())
-        self.env = environment.sandbox_env(spec, workspace=workspace, venv_bin=environment.venv_bin())
+        self.env = environment.sandbox_env(spec, workspace=workspace, venv_bin=environment.venv_bin(),
+                                           host_system=True)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
