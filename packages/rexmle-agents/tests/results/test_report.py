@@ -125,6 +125,61 @@ def test_the_normalised_score_puts_the_sample_at_0_and_the_best_baseline_at_1() 
     assert result[("real", ("sample", "-"), "all", "all")].normalised == pytest.approx(0.0)
 
 
+def test_the_bootstrap_of_unequal_seed_counts_averages_each_task_over_its_own_seeds() -> None:
+    # one task run with two seeds, one with a single seed: every replicate is a mean of those values, so a constant
+    # score bootstraps to exactly itself, and nothing falls outside the values' range
+    constant = hierarchical_bootstrap([("a", np.array([0.5, 0.5])), ("b", np.array([0.5]))], {"a": "C", "b": "C"},
+                                      replicates=500, rng=np.random.default_rng(3))
+    assert np.allclose(constant, 0.5)
+    spread = hierarchical_bootstrap([("a", np.array([0.1, 0.3])), ("b", np.array([0.9]))], {"a": "C", "b": "C"},
+                                    replicates=2000, rng=np.random.default_rng(4))
+    assert spread.min() >= 0.1 - 1e-12 and spread.max() <= 0.9 + 1e-12
+    # each drawn task is a mean of its resampled seeds (a: 0.1, 0.2 or 0.3; b: 0.9), a replicate the mean of two
+    assert set(np.round(spread, 6)) <= {0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 0.55, 0.6, 0.9}
+
+
+def test_rows_by_task_keep_the_task_type_and_dimension_scopes_but_no_redundant_task_scope() -> None:
+    frame = rows({"task_id": "isles22", "percentile_counted": 0.4, "percentile": 0.4},
+                 {"task_id": "ldct-iqa", "percentile_counted": 0.8, "percentile": 0.8})
+    result = table(frame, by=("agent", "task"))
+    scopes = {(k[1], k[2]) for k in result}
+    assert (("aide", "isles22"), "task") not in scopes
+    assert {(("aide", "isles22"), "all"), (("aide", "isles22"), "task_type"), (("aide", "isles22"), "dim")} <= scopes
+    by_agent = table(frame)
+    assert {k[3] for k in by_agent if k[2] == "task"} == {"isles22", "ldct-iqa"}
+
+
+def test_a_task_whose_baseline_is_no_better_than_the_sample_is_left_out_of_the_normalised_score() -> None:
+    frame = rows({"agent": "aide", "percentile_counted": 0.5, "percentile": 0.5})
+    result = table(frame, references={("real", "isles22"): (0.4, 0.4)})  # baseline = sample: no scale
+    row = result[("real", ("aide", "openai/gpt-5"), "all", "all")]
+    assert row.normalised is None and row.normalised_tasks == 0
+
+
+def test_medal_and_above_median_rates_are_shares_of_the_runs_on_a_board() -> None:
+    frame = rows({"seed": 0, "above_median": True, "any_medal": True, "bronze": True},
+                 {"seed": 1, "above_median": True}, {"seed": 2}, {"seed": 3},
+                 {"task_id": "ravir", "seed": 0, "above_median": False})  # no board: not in the shares
+    row = table(frame)[("real", ("aide", "openai/gpt-5"), "all", "all")]
+    assert row.above_median == 2 and row.above_median_rate == pytest.approx(0.5)
+    assert row.medals == 1 and row.bronze == 1 and row.medal_rate == pytest.approx(0.25)
+
+
+def test_a_calibration_record_counts_its_percentile_only_when_valid() -> None:
+    from rexmle_agents.results.stats import calibration_rows
+
+    class Record:
+        baseline, config, synthetic, seconds = "nnunet", "full", False, 10.0
+
+        def __init__(self, valid: bool, percentile: float | None) -> None:
+            self.valid, self.percentile, self.task_id = valid, percentile, "isles22"
+
+    facts = {"isles22": task_facts("isles22")}
+    made = calibration_rows([Record(True, 0.7), Record(False, 0.8), Record(True, None)], facts)
+    assert [r.mean_percentile for r in made] == [0.7, 0.0, 0.0]  # an invalid submission scores as the last place
+    assert [r.n_valid for r in made] == [1, 0, 1]
+
+
 def test_rows_by_another_key_and_bad_keys() -> None:
     frame = rows({"budget": "12h", "percentile_counted": 0.2, "percentile": 0.2},
                  {"budget": "24h", "percentile_counted": 0.4, "percentile": 0.4})
