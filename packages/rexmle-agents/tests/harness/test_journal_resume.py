@@ -274,3 +274,12 @@ def test_among_equal_selection_scores_the_latest_wins() -> None:
     events = [snapshot("a", score=2.0), snapshot("b", score=2.0), snapshot("c", score=4.0)]
     assert choose_final(events) == "b"
     assert choose_final([snapshot("a", score=0.0), snapshot("b", score=1.0)]) == "a"  # a score of 0 still counts
+
+
+def test_an_attempt_under_a_second_counts_its_own_time_and_a_clock_stepped_back_counts_nothing() -> None:
+    events = [{"kind": "run_started", "time": 10.0}, {"kind": "step_started", "time": 10.3, "step": 1},
+              {"kind": "run_resumed", "time": 50.0}, {"kind": "snapshot", "time": 52.0}]
+    assert journal_state(events, {}).consumed_s == pytest.approx(0.3 + 2.0)
+    stepped_back = [{"kind": "run_started", "time": 10.0}, {"kind": "step_started", "time": 9.0, "step": 1},
+                    {"kind": "run_resumed", "time": 50.0}, {"kind": "snapshot", "time": 52.0}]
+    assert journal_state(stepped_back, {}).consumed_s == pytest.approx(2.0)
