@@ -104,3 +104,23 @@ def test_a_scripted_twenty_node_aide_run_completes_and_grades(run_scaffold, fake
     outcome, _ = run_scaffold("aide", fake, config={"num_drafts": 4}, limits=Limits(time_limit_s=600, max_steps=20,
                                                                                   exec_timeout_s=30))
     assert len(tree_of(outcome.run_dir).done) == 20 and outcome.grade is not None and outcome.grade.valid_submission
+
+
+def test_one_worker_mcts_develops_each_node_inside_its_own_step(run_scaffold, fakes) -> None:
+    """The paper's default is one worker: the serial loop runs each node's scripts inside the node's step (a crash
+    then leaves that step open, to be redone on resume); the worker pool journals a node only once it is done."""
+    outcome, _ = run_scaffold("mcts", fakes.FakeModel([fakes.good(0.5)]),
+                              config={"workers": 1, "num_drafts": 2, "max_nodes": 3},
+                              limits=Limits(time_limit_s=120, exec_timeout_s=10))
+    assert outcome.state == "finished", outcome.reason
+    open_step: int | None = None
+    executions = 0
+    for event in Journal(outcome.run_dir / "journal.jsonl").iter_events():
+        if event["kind"] == "step_started":
+            open_step = event["step"]
+        elif event["kind"] in ("step_finished", "step_interrupted"):
+            open_step = None
+        elif event["kind"] == "exec_started":
+            executions += 1
+            assert open_step is not None, f"{event['name']} ran outside a node's step"
+    assert executions >= 3 and len(tree_of(outcome.run_dir).done) == 3

@@ -406,3 +406,88 @@ def test_multi_turn_commands_run_in_the_sandbox_and_are_journaled(run_scaffold, 
     assert names[0].endswith("node0-turn1") and names[1].endswith("node0")
     state = [e for e in events if e["kind"] == "agent_state"][-1]["state"]
     assert state["nodes"][0]["turns"] == 1 and not state["nodes"][0]["is_buggy"]
+
+
+# ---- R&D-Agent's round, at the policy level ------------------------------------------------------------------------
+
+
+class RoundBench:
+    """What RdLoop.develop/code use of the workbench: operators that answer as told, a sample run, an evaluation."""
+
+    def __init__(self, *, works: bool = True, replace_best: bool = True, reviews: Sequence[Any] = (),
+                 sample_ok: bool = True) -> None:
+        self.tree = Tree()
+        self.works, self.sample_ok, self.reviews, self.revised = works, sample_ok, list(reviews), 0
+        feedback = SimpleNamespace(replace_best=replace_best, observations="seen", lesson="learnt")
+        self.operators = {"hypothesise": lambda bench, node: True, "draft": lambda bench, node: True,
+                          "improve": lambda bench, node: True, "debug": lambda bench, node: True,
+                          "feedback": lambda bench, node: feedback,
+                          "critique": lambda bench, node: self.reviews.pop(0), "revise": self.revise}
+        self.ctx = SimpleNamespace(spec=SimpleNamespace(limits=SimpleNamespace(exec_timeout_s=60.0)))
+
+    def revise(self, bench: Any, node: Node) -> bool:
+        self.revised += 1
+        return True
+
+    def run_script(self, node: Node, *, sample: bool, timeout_s: float) -> ExecSummary:
+        return ExecSummary(exit_code=0 if self.sample_ok else 1, stopped_by=None, output_tail="", seconds=0.1)
+
+    def evaluate(self, node: Node) -> None:
+        node.is_buggy = not self.works
+        node.metric, node.lower_is_better, node.submission_valid = (0.7, False, True) if self.works else (None, False,
+                                                                                                          False)
+
+    def describe(self, run: ExecSummary) -> str:
+        return run.describe(timed=False)
+
+
+def rdloop(**params: Any) -> RdLoop:
+    return RdLoop({**RdLoop.defaults, **params}, seed=0)
+
+
+@pytest.mark.parametrize(("works", "replace_best", "accepted"),
+                         [(True, True, True), (True, False, False), (False, True, False)])
+def test_the_feedback_accepts_a_round_only_when_it_works_and_the_feedback_says_replace(works: bool,
+                                                                                       replace_best: bool,
+                                                                                       accepted: bool) -> None:
+    bench = RoundBench(works=works, replace_best=replace_best)
+    node = bench.tree.new_node("draft", hypothesis="H")
+    rdloop(feedback_decides_best=True, sample_first=False).develop(bench, node)  # type: ignore[arg-type]
+    assert node.accepted is accepted and node.lesson == "learnt"
+    plain = RoundBench(works=works, replace_best=replace_best)
+    other = plain.tree.new_node("draft", hypothesis="H")
+    rdloop(sample_first=False).develop(plain, other)  # type: ignore[arg-type]
+    assert other.accepted is None  # without the mechanism the metric decides: nothing is accepted or refused
+
+
+def test_a_review_that_asks_for_changes_revises_the_script_although_the_sample_run_passed() -> None:
+    bench = RoundBench(reviews=[SimpleNamespace(ready=False, feedback="normalise the intensities"),
+                                SimpleNamespace(ready=True, feedback="")])
+    node = bench.tree.new_node("draft", hypothesis="H")
+    assert rdloop(coding_rounds=3).code(bench, node)  # type: ignore[arg-type]
+    assert node.revisions == ["normalise the intensities"] and bench.revised == 1
+    ready = RoundBench(reviews=[SimpleNamespace(ready=True, feedback="")])
+    first_time = ready.tree.new_node("draft", hypothesis="H")
+    assert rdloop(coding_rounds=3).code(ready, first_time)  # type: ignore[arg-type]
+    assert first_time.revisions == [] and ready.revised == 0
+
+
+def test_the_next_round_improves_the_round_the_feedback_accepted_when_it_decides() -> None:
+    tree = Tree()
+    first = done(tree, "draft", metric=0.5, hypothesis="simple")
+    second = done(tree, "improve", first.id, metric=0.6, hypothesis="complex")
+    first.accepted, second.accepted = True, False
+    bench = SimpleNamespace(tree=tree)
+    assert rdloop(feedback_decides_best=True).next_round(bench) == ("improve", first.id, "")  # type: ignore[arg-type]
+    assert rdloop().next_round(bench) == ("improve", second.id, "")  # type: ignore[arg-type]
+
+
+def test_stagnation_needs_exactly_the_limit_of_failed_improvements_and_a_limit_of_0_turns_it_off() -> None:
+    tree = Tree()
+    draft = done(tree, "draft", metric=0.5)
+    done(tree, "improve", draft.id, metric=0.4)
+    assert not mcts(stagnation_limit=2).stagnant(tree, draft)  # one failure of two
+    done(tree, "improve", draft.id)  # buggy
+    assert mcts(stagnation_limit=2).stagnant(tree, draft)  # exactly two failed improvements
+    assert not mcts(stagnation_limit=0).stagnant(tree, draft)  # 0: never terminated
+    assert not mcts(stagnation_limit=-1).stagnant(tree, draft)
