@@ -425,9 +425,11 @@ class RoundBench:
                           "critique": lambda bench, node: self.reviews.pop(0), "revise": self.revise}
         self.ctx = SimpleNamespace(spec=SimpleNamespace(limits=SimpleNamespace(exec_timeout_s=60.0)))
 
+    revise_ok = True
+
     def revise(self, bench: Any, node: Node) -> bool:
         self.revised += 1
-        return True
+        return self.revise_ok
 
     def run_script(self, node: Node, *, sample: bool, timeout_s: float) -> ExecSummary:
         return ExecSummary(exit_code=0 if self.sample_ok else 1, stopped_by=None, output_tail="", seconds=0.1)
@@ -491,3 +493,42 @@ def test_stagnation_needs_exactly_the_limit_of_failed_improvements_and_a_limit_o
     assert mcts(stagnation_limit=2).stagnant(tree, draft)  # exactly two failed improvements
     assert not mcts(stagnation_limit=0).stagnant(tree, draft)  # 0: never terminated
     assert not mcts(stagnation_limit=-1).stagnant(tree, draft)
+
+
+def test_the_revision_says_why_the_script_was_sent_back() -> None:
+    silent = RoundBench(reviews=[SimpleNamespace(ready=False, feedback=""), SimpleNamespace(ready=True, feedback="")])
+    node = silent.tree.new_node("draft", hypothesis="H")
+    assert rdloop(coding_rounds=2).code(silent, node)  # type: ignore[arg-type]
+    assert node.revisions == ["the reviewer asked for changes"]
+    unreviewed = RoundBench(reviews=[None, None], sample_ok=False)
+    failing = unreviewed.tree.new_node("draft", hypothesis="H")
+    assert not rdloop(coding_rounds=2).code(unreviewed, failing)  # type: ignore[arg-type]
+    assert len(failing.revisions) == 1 and failing.revisions[0].startswith("the run on a data sample failed")
+    assert failing.revisions[0].endswith("; no usable review")
+
+
+def test_a_sample_run_that_still_fails_makes_the_round_buggy_before_its_full_run() -> None:
+    bench = RoundBench(sample_ok=False)
+    node = bench.tree.new_node("draft", hypothesis="H")
+    assert not rdloop().code(bench, node)  # type: ignore[arg-type]
+    assert node.is_buggy and node.bug_reason.startswith("the run on a data sample failed")
+
+
+def test_a_revision_that_fails_ends_the_round_without_a_full_run() -> None:
+    bench = RoundBench(reviews=[SimpleNamespace(ready=False, feedback="use a UNet")])
+    bench.revise_ok = False
+    node = bench.tree.new_node("draft", hypothesis="H")
+    assert not rdloop(coding_rounds=3).code(bench, node)  # type: ignore[arg-type]
+    assert bench.revised == 1
+
+
+def test_with_the_feedback_deciding_the_knowledge_log_says_worked_only_for_accepted_rounds() -> None:
+    policy = rdloop(feedback_decides_best=True)
+    tree = Tree()
+    kept = done(tree, "draft", metric=0.5, hypothesis="simple")
+    refused = done(tree, "improve", kept.id, metric=0.9, hypothesis="complex")
+    kept.accepted, refused.accepted = True, False
+    bench = SimpleNamespace(tree=tree)
+    policy.record(bench, kept)  # type: ignore[arg-type]
+    policy.record(bench, refused)  # type: ignore[arg-type]
+    assert [k["outcome"] for k in tree.knowledge] == ["worked", "no gain"]  # 0.9 > 0.5, but the feedback refused it
