@@ -283,3 +283,7 @@ def test_an_attempt_under_a_second_counts_its_own_time_and_a_clock_stepped_back_
     stepped_back = [{"kind": "run_started", "time": 10.0}, {"kind": "step_started", "time": 9.0, "step": 1},
                     {"kind": "run_resumed", "time": 50.0}, {"kind": "snapshot", "time": 52.0}]
     assert journal_state(stepped_back, {}).consumed_s == pytest.approx(2.0)
+    # the attempt still running counts the same way
+    assert journal_state(events[:2], {}).consumed_s == pytest.approx(0.3)
+    assert journal_state(events[:1], {}).consumed_s == 0.0  # just started
+    assert journal_state(stepped_back[:2], {}).consumed_s == 0.0
