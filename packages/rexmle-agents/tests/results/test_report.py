@@ -169,15 +169,25 @@ def test_a_calibration_record_counts_its_percentile_only_when_valid() -> None:
     from rexmle_agents.results.stats import calibration_rows
 
     class Record:
-        baseline, config, synthetic, seconds = "nnunet", "full", False, 10.0
+        baseline, synthetic = "nnunet", False
 
-        def __init__(self, valid: bool, percentile: float | None) -> None:
-            self.valid, self.percentile, self.task_id = valid, percentile, "isles22"
+        def __init__(self, valid: bool, percentile: float | None, seed: int = 0, config: str = "full",
+                     seconds: float = 10.0) -> None:
+            self.valid, self.percentile, self.seed, self.config, self.seconds = valid, percentile, seed, config, seconds
+            self.task_id = "isles22"
 
     facts = {"isles22": task_facts("isles22")}
-    made = calibration_rows([Record(True, 0.7), Record(False, 0.8), Record(True, None)], facts)
+    made = calibration_rows([Record(True, 0.7), Record(False, 0.8, config="budget"),
+                             Record(True, None, config="quick")], facts)
     assert [r.mean_percentile for r in made] == [0.7, 0.0, 0.0]  # an invalid submission scores as the last place
     assert [r.n_valid for r in made] == [1, 0, 1]
+    # three seeds of one configuration make one reference row: their mean, median and s.e. over seeds
+    (seeds,) = calibration_rows([Record(True, 0.6, 0, seconds=10.0), Record(True, 0.9, 1, seconds=20.0),
+                                 Record(False, None, 2, seconds=30.0)], facts)
+    assert (seeds.n_seeds, seeds.n_runs, seeds.n_valid) == (3, 3, 2) and seeds.valid_rate == pytest.approx(2 / 3)
+    assert seeds.mean_percentile == pytest.approx(0.5) and seeds.median_percentile == pytest.approx(0.6)
+    assert seeds.se_percentile == pytest.approx(np.std([0.6, 0.9, 0.0], ddof=1) / np.sqrt(3))
+    assert seeds.time_used_s == pytest.approx(20.0) and seeds.keys["config"] == "config=full"
 
 
 def test_rows_by_another_key_and_bad_keys() -> None:

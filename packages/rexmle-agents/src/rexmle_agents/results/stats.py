@@ -312,20 +312,28 @@ def reference_percentiles(frame: Any, calibration: Sequence[Any]) -> dict[tuple[
 
 
 def calibration_rows(calibration: Sequence[Any], facts: Mapping[str, Any]) -> list[TableRow]:
-    """The calibrated expert baselines as reference rows of their task (one measured run each, never padded)."""
-    rows = []
+    """The calibrated expert baselines as reference rows of their task: one row per (data, task, baseline, config)
+    over its seeds (mean, median, s.e. over seeds; an invalid run counts as percentile 0 on a board), never padded."""
+    groups: dict[tuple[bool, str, str, str], list[Any]] = {}
     for record in calibration:
-        board = facts[record.task_id].board_rows
-        pct = record.percentile if record.valid and record.percentile is not None else (0.0 if board else None)
+        groups.setdefault((bool(record.synthetic), record.task_id, record.baseline, record.config), []).append(record)
+    rows = []
+    for (synthetic, task_id, baseline, config), records in groups.items():
+        board = facts[task_id].board_rows
+        counted = [r.percentile if r.valid and r.percentile is not None else 0.0 for r in records] if board else []
+        pct = np.array(counted, dtype=float)
+        seeds = {getattr(r, "seed", 0) for r in records}
+        n_valid = sum(bool(r.valid) for r in records)
+        seconds = np.array([float(r.seconds) for r in records], dtype=float)
         rows.append(TableRow(
-            data="synthetic" if record.synthetic else "real", reference="calibration",
-            keys={"agent": f"baseline:{record.baseline}", "model": "-", "config": f"config={record.config}",
-                  "budget": "-"},
-            scope="task", scope_value=record.task_id, n_tasks=1, n_board_tasks=1 if board else 0, n_seeds=1,
-            n_runs=1, n_missing=0, n_valid=int(record.valid), valid_rate=float(record.valid), mean_percentile=pct,
-            median_percentile=pct, se_percentile=None, ci_low=None, ci_high=None, mean_position=None, gold=0,
-            silver=0, bronze=0, medals=0, medal_rate=None, above_median=0, above_median_rate=None, normalised=None,
-            normalised_tasks=0, cost_per_run=None, tokens_per_run=None, time_used_s=record.seconds,
-            time_budget_s=None, steps_per_run=None, tasks_without_board=[] if board else [record.task_id],
-            comparable_with_board=not record.synthetic))
+            data="synthetic" if synthetic else "real", reference="calibration",
+            keys={"agent": f"baseline:{baseline}", "model": "-", "config": f"config={config}", "budget": "-"},
+            scope="task", scope_value=task_id, n_tasks=1, n_board_tasks=1 if board else 0, n_seeds=len(seeds),
+            n_runs=len(records), n_missing=0, n_valid=n_valid, valid_rate=n_valid / len(records),
+            mean_percentile=_mean(pct), median_percentile=float(np.median(pct)) if len(pct) else None,
+            se_percentile=float(pct.std(ddof=1) / np.sqrt(len(pct))) if len(pct) >= 2 else None, ci_low=None,
+            ci_high=None, mean_position=None, gold=0, silver=0, bronze=0, medals=0, medal_rate=None, above_median=0,
+            above_median_rate=None, normalised=None, normalised_tasks=0, cost_per_run=None, tokens_per_run=None,
+            time_used_s=_mean(seconds), time_budget_s=None, steps_per_run=None,
+            tasks_without_board=[] if board else [task_id], comparable_with_board=not synthetic))
     return rows
