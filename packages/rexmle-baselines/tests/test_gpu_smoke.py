@@ -66,8 +66,8 @@ def test_the_step_clock_leaves_the_first_step_out(monkeypatch) -> None:
         clock.tick()
     assert clock.seconds_per_step() == pytest.approx(2.5)
     assert clock.first_step_s == pytest.approx(2.5)
-    single = base.StepClock.__new__(base.StepClock)
-    single.started, single.steps, single.first_step_s = 0.0, 1, 3.0
-    assert single.seconds_per_step(now=3.0) == pytest.approx(3.0)
-    single.steps = 0
-    assert single.seconds_per_step(now=3.0) is None
+    now = iter([0.0, 3.0, 3.0])  # one step of 3 s: its own time, warm-up and all
+    single = base.StepClock()
+    assert single.seconds_per_step() is None  # no step yet
+    single.tick()
+    assert single.seconds_per_step() == pytest.approx(3.0)

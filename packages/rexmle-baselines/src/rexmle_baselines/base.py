@@ -345,12 +345,13 @@ class StepClock:
         if self.steps == 1:
             self.first_step_s = time.monotonic() - self.started
 
-    def seconds_per_step(self, now: float | None = None) -> float | None:
-        elapsed = (time.monotonic() if now is None else now) - self.started
-        if self.steps == 0:
+    def seconds_per_step(self) -> float | None:
+        """Steady seconds per step so far (a single step's own time when it is the only one; None before one)."""
+        if self.first_step_s is None:
             return None
-        if self.steps == 1 or self.first_step_s is None:
-            return elapsed / self.steps
+        elapsed = time.monotonic() - self.started
+        if self.steps == 1:
+            return elapsed
         return (elapsed - self.first_step_s) / (self.steps - 1)
 
 
@@ -358,9 +359,9 @@ def record_speed(ctx: BaselineContext, *, clock: StepClock | None = None, what: 
     """Seconds per optimiser step of a training phase (steady, after the first step) and the first step's seconds,
     and the peak GPU memory so far, into the run's record."""
     per_step = clock.seconds_per_step() if clock is not None else None
-    if per_step is not None and clock is not None:
+    if clock is not None and clock.first_step_s is not None and per_step is not None:
         ctx.measurements.setdefault("seconds_per_step", {})[what] = round(per_step, 5)
-        ctx.measurements.setdefault("first_step_seconds", {})[what] = round(clock.first_step_s or 0.0, 3)
+        ctx.measurements.setdefault("first_step_seconds", {})[what] = round(clock.first_step_s, 3)
     if ctx.device == "cuda":
         import torch
 

@@ -337,7 +337,7 @@ class MonaiSegmentation(Baseline):
         optimiser, schedule = adamw_cosine(model, params, epochs)
         plan = EpochPlan(ctx, epochs)
         last_finite: float | None = None
-        epoch, steps, clock = 0, 0, StepClock()
+        epoch, clock = 0, StepClock()
         while epoch < plan.total:
             epoch += 1
             model.train()
@@ -351,7 +351,6 @@ class MonaiSegmentation(Baseline):
                 clock.tick()
                 total += float(loss.detach())
                 batches += 1
-            steps += batches
             last_finite = end_epoch(ctx, epoch, plan.total, total / max(1, batches), last_finite)
             schedule.resize(plan.after_epoch())
             schedule.step()

@@ -94,7 +94,7 @@ def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     generator = torch.Generator().manual_seed(ctx.seed)
     model.to(ctx.device).train()
     last_finite: float | None = None
-    epoch, steps, clock = 0, 0, StepClock()
+    epoch, clock = 0, StepClock()
     while epoch < plan.total:
         epoch += 1
         order = torch.randperm(len(inputs), generator=generator)
@@ -111,7 +111,6 @@ def fit(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             optimiser.step()
             clock.tick()
             total += float(loss.detach()) * len(batch)
-            steps += 1
         last_finite = end_epoch(ctx, epoch, plan.total, total / len(inputs), last_finite, what=what)
         schedule.resize(plan.after_epoch())
         schedule.step()

@@ -322,7 +322,7 @@ def calibration_rows(calibration: Sequence[Any], facts: Mapping[str, Any]) -> li
         board = facts[task_id].board_rows
         counted = [r.percentile if r.valid and r.percentile is not None else 0.0 for r in records] if board else []
         pct = np.array(counted, dtype=float)
-        seeds = {getattr(r, "seed", 0) for r in records}
+        seeds = {r.seed for r in records}
         n_valid = sum(bool(r.valid) for r in records)
         seconds = np.array([float(r.seconds) for r in records], dtype=float)
         rows.append(TableRow(
