@@ -192,6 +192,10 @@ def write_conf(root: Path, config: ClusterConfig, *, user: str, dbd_port: int | 
         (root / "gres.conf").write_text(f"NodeName={node} Name=gpu File={devices}\n")
     lines += [node_line,
               f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime={config.max_time} State=UP"]
+    # slurmd loads a cgroup plugin even when nothing uses cgroups (proctrack/linuxproc, task/none). On a cgroup-v2
+    # host it would pick cgroup/v2, whose start-up needs systemd's dbus and writable controllers, which a container
+    # lacks ("slurmd initialization failed"); cgroup/v1 loads anywhere and, unused, does nothing
+    (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
     return conf

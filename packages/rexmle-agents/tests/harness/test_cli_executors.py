@@ -120,13 +120,21 @@ def test_local_pool_with_two_workers_and_resume_of_the_group(data_root: Path, tm
     assert [o.grade.metrics for o in again] == [o.grade.metrics for o in outcomes]
 
 
-def test_gpu_runs_are_refused_where_there_are_none(data_root: Path, tmp_path: Path) -> None:
+def test_gpu_runs_are_refused_by_the_local_executor_where_there_are_none(data_root: Path, tmp_path: Path, capsys,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from rexmle_agents.executors.local import run_local
 
-    spec = build_spec(TASK, agent="sample", data_root=data_root)
-    spec = spec.model_copy(update={"resources": Resources(gpus=1)})
-    with pytest.raises(UserInputError, match="GPU"):
+    # the spec is built without counting this machine's GPUs: a SLURM submit host has none of its own
+    spec = build_spec(TASK, agent="sample", data_root=data_root, resources=Resources(gpus=1))
+    assert spec.resources.gpus == 1
+    with pytest.raises(UserInputError, match=r"needs 1 GPU\(s\) \(--gpus-per-run\), but this machine has 0"):
         run_local([spec], tmp_path, workers=1, gpus=())
+    assert not (tmp_path / spec.group).exists()  # refused before anything was written
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, on any machine
+    assert main(["--data-dir", str(data_root), "run", "--agent", "sample", "--task", TASK, "--runs-dir",
+                 str(tmp_path), "--gpus-per-run", "1"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "but this machine has 0" in said and "--executor slurm asks the cluster for them" in said
 
 
 def test_submitit_job_path_runs_and_resumes(data_root: Path, tmp_path: Path) -> None:

@@ -65,7 +65,8 @@ def start_cluster(**settings: Any) -> Iterator[Any]:
     try:
         yield cluster
     finally:
-        tool.stop(root, remove=True)
+        # REXMLE_KEEP_SLURM=1 keeps the cluster's folder (its daemons' logs) to read after a failure
+        tool.stop(root, remove=not os.environ.get("REXMLE_KEEP_SLURM"))
         if previous is None:
             os.environ.pop("SLURM_CONF", None)
         else:

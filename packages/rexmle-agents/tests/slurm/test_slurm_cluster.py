@@ -19,6 +19,7 @@ from rexmle_grade.cli import main
 
 pytestmark = pytest.mark.slurm
 TASKS = ("ldct-iqa", "usenhance")  # as conftest.py prepares them
+REVOKED_CREDENTIAL_S = 2.0  # see release_requeue_hold
 
 
 def rexmle(*args: str) -> int:
@@ -213,10 +214,6 @@ def test_scancel_ends_the_run_cancelled_with_slurms_reason_and_running_the_group
     assert json.loads((run_dir / "grade.json").read_text())["status"] == "valid"
 
 
-# Flaky (2 of about 27 runs on 2026-11-26; 10 runs in a row alone passed): the restarted job's harness sometimes
-# exits with status 1 before its first step, and the run ends failed. Out of the default suite until that is found;
-# the assertion prints the job logs (the traceback) when it happens. Run it with -m slow.
-@pytest.mark.slow
 def test_slurms_time_limit_ends_the_run_timed_out_with_its_best_submission_graded(
         slurm_cluster: Any, plugin_agents: Path, slurm_data: Path, runs_dir: Path) -> None:
     """SLURM's time limit (1 min, the shortest it has) stops the job before the run's own (100 s) is spent: the job
@@ -252,6 +249,12 @@ def test_a_request_slurm_can_never_satisfy_is_reported_with_slurms_reason(
     said = " ".join(capsys.readouterr().err.split())
     assert "SLURM refused the job array" in said and "Requested node configuration is not available" in said
     assert not list((runs_dir / "huge").glob("*/cluster.json"))
+    # a GPU from a node without any (this cluster has none): refused by sbatch too, though the submit host (this
+    # machine) is never asked for GPUs of its own
+    assert rexmle(*run_args(slurm_data, runs_dir, "gpu", *base, "--gpus-per-run", "1")) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "SLURM refused the job array" in said and "--gres=gpu:1" in said
+    assert "Invalid generic resource (gres) specification" in said
     # a time limit above the partition's MaxTime (2 h): accepted, but it would wait forever
     assert rexmle(*run_args(slurm_data, runs_dir, "never", *base, "--slurm-timeout-min", "500")) == 0
     run_dir = only_run(runs_dir / "never")
@@ -346,7 +349,13 @@ def last_job(run_dir: Path) -> dict[str, Any] | None:
 
 
 def release_requeue_hold(job_id: str, *, timeout_s: float = 60.0) -> None:
-    """SLURM holds a requeued job for two minutes (its begin time); the operator lets it start now."""
+    """SLURM holds a requeued job for two minutes (its begin time); the operator lets it start sooner.
+
+    Not within the second its previous start ended: slurmd revoked that start's credential then, and it refuses
+    a credential made in the same second ("Killing non-startable batch JobId=N: Job credential revoked"), which
+    ends the job FAILED with exit code 1:0 before anything runs (SLURM 22.05; SLURM's own two-minute begin time
+    never meets it). Hence the pause into a later second."""
     wait_until(lambda: "BeginTime" in slurm_cmd("squeue", "-h", "-j", job_id, "-o", "%r"), timeout_s=timeout_s,
                what=f"job {job_id} to be requeued")
+    time.sleep(REVOKED_CREDENTIAL_S)
     slurm_cmd("scontrol", "update", f"JobId={job_id}", "StartTime=now")

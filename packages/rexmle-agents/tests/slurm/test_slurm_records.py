@@ -13,6 +13,7 @@ from rexmle_agents.executors.common import SlurmOptions
 from rexmle_agents.executors.slurm import job_memory_mb, job_script, sbatch_directives, slurm_parameters
 from rexmle_agents.executors.slurm_accounting import (
     duration_s,
+    ended_run,
     mark_stopped,
     parse_sacct_json,
     parse_scontrol,
@@ -151,6 +152,36 @@ def test_a_run_the_cluster_stopped_is_marked_and_reopened_but_a_concluded_run_ne
     concluded = _run_folder(tmp_path / "other", {"state": "cancelled", "reason": "stopped by signal SIGINT"})
     assert not mark_stopped(concluded, job, state="cancelled", reason="x", event="stopped", cluster_stop="CANCELLED")
     assert not reopen(concluded) and json.loads((concluded / "status.json").read_text())["state"] == "cancelled"
+
+
+def test_a_job_that_failed_before_its_script_ran_is_told_apart_from_a_harness_that_failed(tmp_path: Path) -> None:
+    # what scontrol showed after slurmd refused a requeued job restarted within the second its previous start ended
+    refused = SlurmJobRecord(job_id="1_0", state="FAILED", reason="NonZeroExitCode", exit_code="1:0", node="vm",
+                             requeues=1, log="/runs/g/.slurm/x/1_0.log", source="scontrol",
+                             observed_at="2026-11-26T16:30:16Z")
+    requeued = _run_folder(tmp_path / "a", {"state": "pending", "attempts": 1, "steps": 14, "cluster_stop": "TIMEOUT",
+                                            "reason": "SLURM's time limit of 1 min stopped job 1_0"})
+    assert ended_run(requeued, refused)
+    status = RunStatus.model_validate_json((requeued / "status.json").read_text())
+    assert (status.state, status.cluster_stop, status.steps, status.attempts) == ("failed", "FAILED", 14, 1)
+    assert status.reason == (
+        "SLURM job 1_0 failed after it was requeued before its job script ran (SLURM's reason: NonZeroExitCode, "
+        "exit code 1:0): the node vm did not start it, and the slurmd log there says why (slurmd refuses a requeued "
+        "job started again within the second its previous start ended: 'Job credential revoked'); its log: "
+        "/runs/g/.slurm/x/1_0.log; run the group again to resume it")
+    # a run never started (no status yet), its first job refused: not "after it was requeued", no node named
+    fresh = tmp_path / "b" / "run"
+    fresh.mkdir(parents=True)
+    (fresh / "spec.json").write_text("{}")
+    assert ended_run(fresh, refused.model_copy(update={"node": None, "requeues": 0, "log": None}))
+    reason = json.loads((fresh / "status.json").read_text())["reason"]
+    assert reason.startswith("SLURM job 1_0 failed before its job script ran") and "the node did not" in reason
+    # the harness ran (the run is running) and its job failed: that is the harness's failure, with its log
+    ran = _run_folder(tmp_path / "c", {"state": "running", "attempts": 2, "steps": 3})
+    assert ended_run(ran, refused)
+    assert json.loads((ran / "status.json").read_text())["reason"] == (
+        "SLURM job 1_0 failed (its job script ended with an error) with exit code 1:0 before the run concluded; its "
+        "log: /runs/g/.slurm/x/1_0.log; run the group again to resume it")
 
 
 def test_the_array_asks_for_each_runs_resources_plus_the_harnesss_memory(tmp_path: Path) -> None:

@@ -50,7 +50,10 @@ def run_local(specs: Sequence[RunSpec], runs_dir: Path, *, workers: int, progres
     free = deque(gpu_ids() if gpus is None else gpus)
     for spec in specs:
         if spec.resources.gpus > len(free):
-            raise UserInputError(f"run {spec.run_id} needs {spec.resources.gpus} GPU(s); this machine has {len(free)}")
+            raise UserInputError(f"run {spec.run_id} needs {spec.resources.gpus} GPU(s) (--gpus-per-run), but this "
+                                 f"machine has {len(free)}",
+                                 hint="drop --gpus-per-run, or run where GPUs are (--executor slurm asks the cluster "
+                                      "for them)")
     pending = deque(specs)
     running: dict[Future[RunOutcome], tuple[str, ...]] = {}
     outcomes: list[RunOutcome] = []

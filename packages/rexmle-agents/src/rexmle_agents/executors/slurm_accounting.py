@@ -56,12 +56,14 @@ ENDED_BY_CLUSTER: dict[str, tuple[str, str]] = {
     "NODE_FAIL": ("failed", "lost its node (NODE_FAIL)"),
     "BOOT_FAIL": ("failed", "could not boot its node (BOOT_FAIL)"),
     "OUT_OF_MEMORY": ("failed", "ran out of its memory (OUT_OF_MEMORY)"),
-    "FAILED": ("failed", "failed: the harness ended without concluding the run"),
+    "FAILED": ("failed", "failed (its job script ended with an error)"),
     "COMPLETED": ("failed", "ended without the run concluding"),
     "UNKNOWN": ("failed", "ended, and SLURM no longer knows how (no accounting storage, and it ended more than "
                           "MinJobAge ago)"),
 }
 RESUME_HINT = "run the group again to resume it"
+# how the job's `after` step marks a pending run whose job SLURM requeued (preemption, scontrol requeue, its time limit)
+REQUEUED_STOPS = frozenset({"REQUEUED", "TIMEOUT"})
 
 
 class SlurmCommandError(ConfigurationError):
@@ -481,6 +483,16 @@ def ended_run(run_dir: Path, job: SlurmJobRecord) -> bool:
     detail = f" with exit code {job.exit_code}" if job.exit_code and job.state in ("FAILED", "COMPLETED") else ""
     log = f"; its log: {job.log}" if job.log and state == "failed" else ""
     reason = f"SLURM job {job.job_id} {what}{detail} before the run concluded{log}; {RESUME_HINT}"
+    status = read_status(RunPaths(Path(run_dir)))
+    if job.state == "FAILED" and status.get("state") == "pending":
+        # neither the harness (running) nor the job's `after` step (how it stopped) wrote a word: the job failed
+        # before its script ran, which only SLURM's daemons can explain
+        again = " after it was requeued" if status.get("cluster_stop") in REQUEUED_STOPS else ""
+        node = f"node {job.node}" if job.node else "node"
+        reason = (f"SLURM job {job.job_id} failed{again} before its job script ran (SLURM's reason: "
+                  f"{job.reason or 'none given'}, exit code {job.exit_code or 'unknown'}): the {node} did not start "
+                  "it, and the slurmd log there says why (slurmd refuses a requeued job started again within the "
+                  f"second its previous start ended: 'Job credential revoked'){log}; {RESUME_HINT}")
     return mark_stopped(run_dir, job, state=state, reason=reason, event="stopped", cluster_stop=job.state or "UNKNOWN",
                         limit="time" if job.state == "TIMEOUT" else None)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from rexmle_agents.harness.agent import get_agent_info, make_agent
 from rexmle_agents.harness.context import RunContext, TaskInfo
-from rexmle_agents.harness.hardware import describe, gpu_ids
+from rexmle_agents.harness.hardware import describe
 from rexmle_agents.harness.instructions import render_instructions
 from rexmle_agents.harness.journal import Journal
 from rexmle_agents.harness.limits import GIB, EffectiveLimits, recorded_limits, resolve_limits
@@ -111,9 +111,8 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
             hint="pass --model PROVIDER/MODEL (all roles) or --model ROLE=PROVIDER/MODEL, e.g. --model openai/gpt-5",
         )
     resources = resources or Resources()
-    if resources.gpus and len(gpu_ids()) < resources.gpus:
-        raise UserInputError(f"{resources.gpus} GPU(s) per run requested, but this machine has {len(gpu_ids())}",
-                             hint="drop --gpus-per-run, or run where GPUs are (e.g. --executor slurm)")
+    # GPUs are not counted here: the executor that places the run does (this machine's for the local one; a SLURM
+    # cluster's for sbatch, which refuses a request no node can grant), and a submit host has none of its own
     if selection_cases:  # built (or reused) now, so a task that cannot hold K cases out fails before any run
         from rexmle_tasks.selection import prepare_selection
 
