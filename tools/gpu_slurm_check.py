@@ -109,22 +109,26 @@ def _probe_run(data: Path, runs: Path, group: str, gpus: int) -> tuple[int, str,
     return code, said, folders[0] if folders else None
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "journal.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip().endswith("}")]
-
-
 def _check_run(run_dir: Path, gpus: int, failures: list[str]) -> None:
+    from rexmle_agents.executors.slurm_accounting import read_cluster
+    from rexmle_agents.harness.journal import Journal
+    from rexmle_agents.harness.paths import RunPaths
+    from rexmle_agents.harness.runner import read_status
     from rexmle_agents.sandbox.identity import driver_gpus
 
     label = f"the run with --gpus-per-run {gpus}"
-    status = json.loads((run_dir / "status.json").read_text())
-    events = _events(run_dir)
+    paths = RunPaths(run_dir)
+    status = read_status(paths)
+    events = Journal(paths.journal).events()
     started = next(e for e in events if e["kind"] == "run_started")
     probe = next((e for e in events if e["kind"] == "step_finished"), {}).get("result", {})
-    job = json.loads((run_dir / "cluster.json").read_text())["jobs"][-1]
+    cluster = read_cluster(run_dir)
+    job = cluster.last if cluster is not None else None
     script = next(run_dir.parent.glob(".slurm/*/job.sh")).read_text()
-    print(f"{label}: state {status['state']}; job {job['job_id']} granted {job.get('gpus')} GPU(s); the harness "
+    if job is None:
+        failures.append(f"{label}: its folder has no SLURM job record (cluster.json)")
+        return
+    print(f"{label}: state {status['state']}; job {job.job_id} granted {job.gpus} GPU(s); the harness "
           f"used {started.get('gpus')}; inside: CUDA_VISIBLE_DEVICES={probe.get('visible')}, "
           f"{probe.get('slurm_vars')} SLURM_* variables, {json.dumps(probe.get('seen'))}")
     if status["state"] != "finished":
@@ -138,7 +142,7 @@ def _check_run(run_dir: Path, gpus: int, failures: list[str]) -> None:
         if "--gres" in script or seen.get("nodes") or seen.get("cuda_devices"):
             failures.append(f"{label} asked for a GPU or sees one: {seen}")
         return
-    if f"--gres=gpu:{gpus}" not in script or job.get("gpus") != gpus:
+    if f"--gres=gpu:{gpus}" not in script or job.gpus != gpus:
         failures.append(f"{label}: the job did not ask SLURM for {gpus} GPU(s)")
     used = [str(g) for g in started.get("gpus") or []]
     granted = [d for d in driver_gpus() if str(d.minor) in used or d.uuid in used]

@@ -480,9 +480,7 @@ def mark_stopped(run_dir: Path, job: SlurmJobRecord, *, state: str, reason: str,
 def ended_run(run_dir: Path, job: SlurmJobRecord) -> bool:
     """A run whose job ``job`` left the queue without the run concluding: marked as the cluster left it."""
     state, what = ENDED_BY_CLUSTER.get(job.state or "", ("failed", f"ended ({job.state})"))
-    detail = f" with exit code {job.exit_code}" if job.exit_code and job.state in ("FAILED", "COMPLETED") else ""
     log = f"; its log: {job.log}" if job.log and state == "failed" else ""
-    reason = f"SLURM job {job.job_id} {what}{detail} before the run concluded{log}; {RESUME_HINT}"
     status = read_status(RunPaths(Path(run_dir)))
     if job.state == "FAILED" and status.get("state") == "pending":
         # neither the harness (running) nor the job's `after` step (how it stopped) wrote a word: the job failed
@@ -493,6 +491,9 @@ def ended_run(run_dir: Path, job: SlurmJobRecord) -> bool:
                   f"{job.reason or 'none given'}, exit code {job.exit_code or 'unknown'}): the {node} did not start "
                   "it, and the slurmd log there says why (slurmd refuses a requeued job started again within the "
                   f"second its previous start ended: 'Job credential revoked'){log}; {RESUME_HINT}")
+    else:
+        detail = f" with exit code {job.exit_code}" if job.exit_code and job.state in ("FAILED", "COMPLETED") else ""
+        reason = f"SLURM job {job.job_id} {what}{detail} before the run concluded{log}; {RESUME_HINT}"
     return mark_stopped(run_dir, job, state=state, reason=reason, event="stopped", cluster_stop=job.state or "UNKNOWN",
                         limit="time" if job.state == "TIMEOUT" else None)
 
