@@ -14,5 +14,34 @@ if _workers:
     # the cores this process may use (a container's or a job's share), not the host's count
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     _share = str(max(1, _cores // int(_workers)))
-    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    # nnU-Net's worker processes too (they follow the affinity, which xdist workers share)
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "nnUNet_def_n_proc"):
         os.environ.setdefault(_name, _share)
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """Agent text in these tests holds lone surrogates on purpose; a failure report quoting one cannot be sent from
+    an xdist worker (execnet refuses strings that are not UTF-8), which would crash the whole session instead of
+    failing one test. Such reports are made printable here, in the worker."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.longrepr is not None and _has_surrogates(str(report.longrepr)):
+        report.longrepr = _printable(str(report.longrepr))
+    report.sections = [(_printable(key), _printable(value)) if _has_surrogates(key + value) else (key, value)
+                       for key, value in report.sections]

@@ -25,11 +25,12 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "warning: bubblewrap is missing: run 'sudo apt-get install -y bubblewrap' before running agents" >&2
   fi
 fi
-# Agent code never runs as root: a harness running as root drops it to this unprivileged user (setpriv, from
-# util-linux) inside the sandbox; without it the harness falls back on `nobody`.
+# Agent code never runs as root: a harness running as root drops each run's code to an unprivileged uid/gid of its
+# own (setpriv, from util-linux), leased from a range no account uses (checked at the end). The fixed user
+# rexmle-sandbox is only for operators who set REXMLE_SANDBOX_USER=rexmle-sandbox (every run then shares it).
 if [ "$(id -u)" = 0 ] && ! id rexmle-sandbox >/dev/null 2>&1; then
   useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin rexmle-sandbox 2>/dev/null \
-    || echo "warning: could not create the user rexmle-sandbox; agent code will run as nobody" >&2
+    || echo "warning: could not create the user rexmle-sandbox (needed only with REXMLE_SANDBOX_USER)" >&2
 fi
 command -v setpriv >/dev/null 2>&1 || echo "warning: setpriv is missing (apt-get install -y util-linux); a harness" \
   "running as root needs it to run agent code unprivileged" >&2
@@ -46,6 +47,7 @@ baselines="$root/packages/rexmle-baselines"
   -e "$root/packages/rexmle-agents" -e "$baselines"
 if [ "$dev" = 1 ]; then
   "${pip[@]}" -e "$root[dev]"
+  "${pip[@]}" -e "$root/packages/rexmle-agents[inspect]"  # Inspect (inspect_ai): tests/integrations run in CI
   # The `rexmle view` tests drive Debian's chromium through playwright (never a browser playwright downloads).
   if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -57,6 +59,18 @@ if [ "$dev" = 1 ]; then
            "rexmle view are skipped" >&2
     fi
   fi
+  # The terminal agents' tests: OpenHands' terminal tool runs in tmux; the CLI agents install through npm.
+  for program in tmux npm; do
+    if ! command -v "$program" >/dev/null 2>&1; then
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing $program (the terminal agents' tests)"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$program"; } >/dev/null \
+          || echo "warning: could not install $program; tests of the agents that need it are skipped" >&2
+      else
+        echo "warning: $program is missing: run 'sudo apt-get install -y $program'" >&2
+      fi
+    fi
+  done
   # The SLURM tests start a one-node cluster (tools/slurm_local.py): Debian's SLURM daemons and clients, and munge.
   # In CI (a throwaway machine) also slurmdbd and MariaDB, for the accounting test; on a workstation they would
   # start a database service, so there that test is skipped unless they are installed by hand.
@@ -78,3 +92,15 @@ if [ "$dev" = 1 ]; then
   fi
 fi
 echo "rexmle installed in $venv ($("$venv/bin/rexmle" version | tr '\n' ' '))"
+# The ids runs lease as root: print the range and check that no user, group or subordinate-id range uses it.
+"$venv/bin/python" - <<'PY' || echo "warning: choose a free range with REXMLE_SANDBOX_UIDS=START:COUNT" >&2
+from rexmle_agents.sandbox import identity
+first, count = identity.id_range()
+conflicts = identity.range_conflicts(first, count)
+named = [f"{uid}: {what}" for uid in (first, first + count - 1) if (what := identity.named_elsewhere(uid))]
+print(f"sandbox ids: {first}:{count} (uids and gids {first}..{first + count - 1}, one per run; "
+      f"${identity.IDS_VARIABLE}=START:COUNT to change)")
+for line in conflicts + named:
+    print(f"  already in use: {line}")
+raise SystemExit(1 if conflicts or named else 0)
+PY

@@ -67,6 +67,7 @@ class FakeContext:
     files: dict[str, bytes] = field(default_factory=dict)
     task: Any = field(default_factory=lambda: SimpleNamespace(task_id="isles22"))
     exec_timeout_s: float = 12 * 3600.0
+    until_deadline: list[bool] = field(default_factory=list)
 
     @property
     def spec(self) -> Any:
@@ -95,8 +96,9 @@ class FakeContext:
         yield SimpleNamespace(result=record["result"])
         record["status"] = "ok"
 
-    def execute(self, argv: list[str], label: str | None = None) -> FakeResult:
+    def execute(self, argv: list[str], label: str | None = None, until_deadline: bool = False) -> FakeResult:
         self.executed.append(list(argv))
+        self.until_deadline.append(until_deadline)
         self.time_left -= 3600
         return self.results[len(self.executed) - 1]
 
@@ -146,10 +148,13 @@ def test_a_pipeline_cut_by_the_execution_limit_resumes_and_its_submission_is_kep
     assert len(ctx.executed) == 3
 
 
-def test_a_pipeline_that_cannot_resume_gets_what_one_execution_allows() -> None:
+def test_a_pipeline_that_cannot_resume_gets_the_whole_budget_in_one_execution() -> None:
+    """The same rule as `rexmle baselines calibrate` (issue 37 item 16): the run's remaining time, not the
+    per-execution limit, in one execution that only the run's deadline stops."""
     ctx = FakeContext(results=[FakeResult(0, None)], submits=[True], exec_timeout_s=4 * 3600.0)
     BaselineAgent({"baseline": "monai-seg", "config": "budget"}).run(ctx)
-    assert _argument(ctx.executed[0], "--time-budget") == str(4 * 3600 - 120)
+    assert _argument(ctx.executed[0], "--time-budget") == str(12 * 3600 - 120)
+    assert ctx.until_deadline == [True]
     cut = FakeContext(results=[FakeResult(None, STOPPED_TIMEOUT)], submits=[False], exec_timeout_s=4 * 3600.0)
     with pytest.raises(RexmleError, match="timeout"):  # not restarted from nothing
         BaselineAgent({"baseline": "monai-seg", "config": "budget"}).run(cut)
@@ -157,6 +162,7 @@ def test_a_pipeline_that_cannot_resume_gets_what_one_execution_allows() -> None:
     nnunet = FakeContext(results=[FakeResult(0, None)], submits=[True], exec_timeout_s=4 * 3600.0)
     BaselineAgent({"baseline": "nnunet", "config": "budget"}).run(nnunet)
     assert _argument(nnunet.executed[0], "--time-budget") == str(12 * 3600 - 120)  # resumes across executions
+    assert nnunet.until_deadline == [False]  # cut by the execution limit, then resumed
 
 
 def test_when_the_run_ends_the_folds_already_submitted_are_the_result() -> None:
@@ -197,3 +203,60 @@ def test_cached_weights_are_copied_into_the_workspace(tmp_path: Path) -> None:
     with pytest.raises(RexmleError, match="are not in the weights cache"):
         agent.run(FakeContext(results=[FakeResult(0, None)], submits=[True],
                               task=SimpleNamespace(task_id="ldct-iqa")))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `rexmle run --agent baseline` end to end: its pre-checks and its exit code (issue 37 item 6)
+
+_WITHOUT_TORCH = """
+import sys
+# this interpreter has no torch: importing it fails and importlib.util.find_spec says it is not installed
+for name in ("torch", "torchvision", "monai", "timm", "nnunetv2", "diffusers"):
+    sys.modules[name] = None
+from rexmle_grade.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def ldct_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rexmle_tasks.pipeline import prepare_task, task_dirs
+    from rexmle_tasks.registry import get_task
+
+    root = tmp_path_factory.mktemp("baseline-agent-data")
+    root.chmod(0o755)  # the sandbox user reads the public data when the harness is root
+    task = get_task("ldct-iqa")
+    prepare_task(task, task_dirs(task, root), synthetic=True, cases=8, seed=0, force=False)
+    return root
+
+
+def test_a_missing_extra_is_refused_before_any_run_starts(ldct_root: Path, tmp_path: Path) -> None:
+    """Without torch the baseline cannot run in the sandbox (which runs this same environment): `rexmle run`
+    says so in one line with the install command and exits 2, writing no run folder."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, "--data-dir", str(ldct_root), "run", "--agent",
+                           "baseline", "--task", "ldct-iqa", "--agent-config", "baseline=timm-regress",
+                           "--runs-dir", str(runs)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    message = " ".join(proc.stderr.split())
+    assert "needs torch" in message and "rexmle-baselines[timm]" in message, message
+    assert not runs.exists()
+
+
+def test_a_run_whose_agent_failed_makes_rexmle_run_exit_non_zero(ldct_root: Path, tmp_path: Path) -> None:
+    """The baseline had no time to run (its margin exceeds the run's time): the run ends `failed`, it is still
+    graded (missing) and reported, and the command exits 1 instead of 0."""
+    from rexmle_agents.results.loader import load_runs
+    from rexmle_grade.cli import main
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    runs = tmp_path / "runs"
+    code = main(["--data-dir", str(ldct_root), "run", "--agent", "baseline", "--task", "ldct-iqa",
+                 "--agent-config", "margin_s=100000", "--time-limit", "10m", "--runs-dir", str(runs)])
+    assert code == 1
+    (run,) = load_runs([runs / "default"]).runs
+    assert run.status.state == "failed" and "no time left" in run.status.reason

@@ -110,6 +110,38 @@ def test_the_cache_holds_float16_images_and_uint8_labels_on_the_median_grid(prep
     assert abs(item["label"].size - case_voxels(io, cases[0], grid)) <= 0.05 * item["label"].size
 
 
+@pytest.mark.parametrize("crop", ["classes", "pos_neg"])
+def test_patch_centres_are_computed_once_per_case_and_cached(prepared, crop: str) -> None:
+    """Issue 37 item 13: the cropper draws from per-class indices computed when the case is cached, not from a scan
+    of the whole label at every crop of every epoch; the cached indices are bounded, and the batches carry none."""
+    from rexmle_baselines.base import BaselineContext
+    from rexmle_baselines.convert import segmentation_io
+    from rexmle_baselines.monai_seg import (
+        CLASS_INDICES,
+        FG_INDICES,
+        MAX_CENTRES_PER_CLASS,
+        Grid,
+        training_loader,
+    )
+
+    io = segmentation_io("isles22", "isles22", prepared.public("isles22", cases=4))
+    cases = io.training_cases()
+    params = {**MonaiSegmentation.configs["quick"], "crop": crop}
+    ctx = BaselineContext(task_id="isles22", grader_id="isles22", public_dir=Path("."), out_dir=Path("."),
+                          work_dir=Path("."), config="quick", params=params, device="cpu", seed=0,
+                          log=lambda line: None)
+    loader = training_loader(io, cases, (32, 32, 32), Grid(None), 1, ctx)
+    cached = loader.dataset._cache[0]  # what CacheDataset keeps: the output of the deterministic steps
+    key = CLASS_INDICES if crop == "classes" else FG_INDICES
+    assert key in cached
+    stored = cached[key] if crop == "pos_neg" else cached[key][1]
+    assert 0 < len(stored) <= MAX_CENTRES_PER_CLASS
+    label = np.asarray(cached["label"]).reshape(-1)
+    assert (label[np.asarray(stored)] == 1).all()  # the indices point at lesion voxels
+    batch = next(iter(loader))
+    assert set(batch) == {"image", "label"} and tuple(batch["label"].shape[1:]) == (1, 32, 32, 32)
+
+
 def test_the_cache_takes_only_the_cases_its_memory_bound_holds() -> None:
     from rexmle_baselines.monai_seg import cache_rate
 

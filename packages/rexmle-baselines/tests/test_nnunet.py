@@ -93,6 +93,30 @@ def test_prediction_without_mirror_tta_says_so_to_nnunet(tmp_path: Path) -> None
                                                     processes="1")
 
 
+def test_worker_processes_follow_the_cpus_this_run_may_use() -> None:
+    """Issue 37 item 14: nnU-Net's preprocessing, export and post-processing workers are sized to the CPUs the
+    process may run on (its affinity), capped, unless nnUNet_def_n_proc says otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; os.sched_setaffinity(0, {0}); "
+            "from rexmle_baselines.nnunet import worker_processes; print(worker_processes())")
+    env = {k: v for k, v in os.environ.items() if k != "nnUNet_def_n_proc"}
+    one = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert one.stdout.strip() == "1"
+    every = code.replace("{0}", "os.sched_getaffinity(0)")
+    cpus = len(os.sched_getaffinity(0))
+    allowed = subprocess.run([sys.executable, "-c", every], env=env, capture_output=True, text=True, check=True)
+    assert allowed.stdout.strip() == str(min(cpus, 8))
+    forced = subprocess.run([sys.executable, "-c", every], env={**env, "nnUNet_def_n_proc": "3"},
+                            capture_output=True, text=True, check=True)
+    assert forced.stdout.strip() == "3"
+    bad = subprocess.run([sys.executable, "-c", every], env={**env, "nnUNet_def_n_proc": "zero"},
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "nnUNet_def_n_proc must be a positive whole number" in bad.stderr
+
+
 def test_another_trainer_is_refused_where_it_would_ignore_a_setting() -> None:
     full = NnUNetBaseline.configs["full"]
     check_trainer({**full, "trainer": "nnUNetTrainer"})  # nnU-Net's defaults: nothing would be ignored

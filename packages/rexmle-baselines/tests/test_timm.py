@@ -51,13 +51,38 @@ def test_a_missing_local_weights_file_is_refused_without_download(prepared, tmp_
 def test_released_slices_in_unit_range_are_not_windowed_again_and_hu_slices_are() -> None:
     import numpy as np
 
-    from rexmle_baselines.timm_models import HU_WINDOW, ct_to_unit
+    from rexmle_baselines.timm_models import HOUNSFIELD, HU_WINDOW, UNIT, ct_scale, ct_to_unit
 
     released = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8)
-    assert np.array_equal(ct_to_unit(released), released)  # the release is windowed already: kept as it is
-    assert len(np.unique(ct_to_unit(released))) == 64  # (windowed twice, it would collapse into a sliver)
+    assert ct_scale([released]) == UNIT
+    assert np.array_equal(ct_to_unit(released, UNIT), released)  # the release is windowed already: kept as it is
+    assert len(np.unique(ct_to_unit(released, UNIT))) == 64  # (windowed twice, it would collapse into a sliver)
     hu = np.array([[-1000.0, HU_WINDOW[0]], [40.0, 1500.0]], dtype=np.float32)
-    assert ct_to_unit(hu).tolist() == [[0.0, 0.0], [0.5, 1.0]]
+    assert ct_scale([hu]) == HOUNSFIELD
+    assert ct_to_unit(hu, HOUNSFIELD).tolist() == [[0.0, 0.0], [0.5, 1.0]]
+
+
+def test_the_window_is_decided_once_for_the_data_set(tmp_path) -> None:
+    """Issue 37 item 15: one windowed slice that overshoots [0, 1] a little (1.01) is clipped like its data set,
+    not taken for Hounsfield units and squeezed into a sliver of the range."""
+    import numpy as np
+    import tifffile
+
+    from rexmle_baselines.timm_models import read_ldct_slices
+
+    slices = [np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8) for _ in range(3)]
+    slices[1] = slices[1] * 1.01  # resampling overshoot
+    paths = []
+    for index, values in enumerate(slices):
+        paths.append(tmp_path / f"{index}.tif")
+        tifffile.imwrite(paths[-1], values)
+    read = read_ldct_slices(paths)
+    assert read.shape == (3, 8, 8) and float(read[1].max()) == 1.0
+    assert len(np.unique(read[1])) > 60  # kept its grey levels (windowed as HU it would collapse to one or two)
+    hu = [np.full((4, 4), -1000.0, dtype=np.float32), np.full((4, 4), 40.0, dtype=np.float32)]
+    for index, values in enumerate(hu):
+        tifffile.imwrite(tmp_path / f"hu{index}.tif", values)
+    assert read_ldct_slices([tmp_path / "hu0.tif", tmp_path / "hu1.tif"])[:, 0, 0].tolist() == [0.0, 0.5]
 
 
 def test_the_synthetic_mirror_writes_what_the_release_writes(prepared) -> None:

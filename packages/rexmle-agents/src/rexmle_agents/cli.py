@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rexmle_agents.integrations.export_cli import runs_export_command
 from rexmle_grade.cli import make_app
 from rexmle_grade.errors import UnknownNameError, UserInputError
 from rexmle_grade.text import printable
@@ -37,7 +38,9 @@ def safe(text: object) -> str:
 
 
 def select_tasks(expression: str) -> list[str]:
-    """Task ids from ``T1,T2``, ``all``, a dimension (``2d``, ``3d``) or a task type (``segmentation``...)."""
+    """Task ids from ``T1,T2``, ``all``, ``lite`` (:mod:`rexmle_tasks.lite`), a dimension (``2d``, ``3d``) or a
+    task type (``segmentation``...)."""
+    from rexmle_tasks.lite import lite_tasks
     from rexmle_tasks.registry import all_tasks
 
     tasks = all_tasks()
@@ -47,6 +50,8 @@ def select_tasks(expression: str) -> list[str]:
             continue
         if token == "all":
             matches = list(tasks)
+        elif token == "lite":
+            matches = lite_tasks(tasks)
         elif token in DIMS:
             matches = [t for t, task in tasks.items() if task.meta.dim == token]
         elif token in TASK_TYPES:
@@ -54,7 +59,7 @@ def select_tasks(expression: str) -> list[str]:
         elif token in tasks:
             matches = [token]
         else:
-            raise UnknownNameError("task or task group", token, [*tasks, "all", *DIMS, *TASK_TYPES])
+            raise UnknownNameError("task or task group", token, [*tasks, "all", "lite", *DIMS, *TASK_TYPES])
         chosen += [m for m in matches if m not in chosen]
     if not chosen:
         raise UserInputError(f"--tasks {expression!r} selects no task", hint="e.g. --tasks isles22,seg_a or all")
@@ -128,7 +133,8 @@ def parse_agent_config(values: list[str]) -> dict[str, Any]:
 
 def run_command(
     agent: Annotated[str | None, typer.Option("--agent", "-a", help="Agent name (see `rexmle agents list`).")] = None,
-    tasks: Annotated[str | None, typer.Option(help="T1,T2 | all | 2d | 3d | a task type (segmentation ...).")] = None,
+    tasks: Annotated[str | None, typer.Option(help="T1,T2 | all | lite | 2d | 3d | a task type (segmentation ...).")
+                     ] = None,
     task: Annotated[str | None, typer.Option(help="One task id (same as --tasks T).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Runs per task, with seeds 0..K-1.")] = 1,
     seed: Annotated[int | None, typer.Option(help="Run only this seed.")] = None,
@@ -152,6 +158,9 @@ def run_command(
     disk_gb: Annotated[float | None, typer.Option(help="Bytes the workspace may hold, GB (default: 100, or half the "
                                                         "free disk shared by the runs at once if less).")] = None,
     max_files: Annotated[int, typer.Option(help="Files and folders the workspace may hold.")] = 1_000_000,
+    run_folder_gb: Annotated[float | None, typer.Option(help="Bytes the run folder may hold besides the workspace "
+                                                              "(journal, model cassette, logs, snapshots), GB "
+                                                              "(default: 5).")] = None,
     sandbox: Annotated[str, typer.Option(help="auto | bwrap | apptainer | docker | none.")] = "auto",
     allow_unsandboxed: Annotated[bool, typer.Option(help="Needed for --sandbox none.")] = False,
     sandbox_image: Annotated[str | None, typer.Option(help="Image for --sandbox apptainer|docker.")] = None,
@@ -169,7 +178,11 @@ def run_command(
     out: Annotated[Path | None, typer.Option(help="Group report path (default: runs/<group>/report.json).")] = None,
     plan: Annotated[str | None, typer.Option(help="Run a plan: a shipped one by name (paper-main, "
                                                   "ablation-time-budget ...) or a YAML file.")] = None,
-    dry_run: Annotated[bool, typer.Option(help="With --plan: list its runs; check and write nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Run and write nothing: print the runs' expected GPU-hours and API "
+                                                "dollars (per run, per seed, in total); with --plan also its runs "
+                                                "and the agent settings that would be refused.")] = False,
+    history: Annotated[Path | None, typer.Option(help="With --dry-run: runs folder whose recorded runs of the same "
+                                                      "agents give steps per hour and tokens per step.")] = None,
 ) -> None:
     """Run an agent on tasks (sandboxed, budgeted, resumable), grade every run and print the group's report."""
     from rexmle_agents.executors.common import SlurmOptions, run_specs
@@ -178,6 +191,9 @@ def run_command(
     from rexmle_agents.results.live import LiveRuns, follow
 
     run_dirs: dict[str, Path] = {}
+    if resume is not None and dry_run:
+        raise UserInputError("--dry-run forecasts runs not yet started; --resume continues one that was",
+                             hint="drop --dry-run to resume it, or drop --resume to forecast new runs")
     if resume is not None:
         spec = read_spec(resume)
         runs_root = resume.resolve().parent.parent
@@ -190,7 +206,7 @@ def run_command(
             raise UserInputError("--plan defines the runs: drop --agent, --task(s), --model and --agent-config",
                                  hint="or run without --plan")
         built = plan_specs(plan, group=None if group == "default" else group, dry_run=dry_run,
-                           allow_unsandboxed=allow_unsandboxed, sandbox_image=sandbox_image)
+                           allow_unsandboxed=allow_unsandboxed, sandbox_image=sandbox_image, history=history)
         if built is None:
             return
         specs, group = built
@@ -202,15 +218,27 @@ def run_command(
         if not tasks and not task:
             raise UserInputError("which tasks? pass --task T or --tasks T1,T2|all|3d|segmentation")
         task_ids = select_tasks(",".join(x for x in (tasks, task) if x))
+        seed_list = [seed] if seed is not None else list(range(seeds))
+        if dry_run:
+            from rexmle_agents.forecast import PlannedRun
+
+            models = parse_models(model)
+            print_forecast([PlannedRun(task_id=t, agent=agent, models=models, seed=s,
+                                       time_limit_s=parse_duration(time_limit), gpus=gpus_per_run,
+                                       max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost)
+                            for t in task_ids for s in seed_list], history=history,
+                           title=f"{len(task_ids) * len(seed_list)} run(s) of agent {agent}")
+            console.print("dry run: nothing was started or written; `rexmle doctor` with the same --agent, --tasks "
+                          "and --model checks what these runs need", markup=False)
+            return
         require_prepared(task_ids)
         limits = checked(Limits, time_limit_s=parse_duration(time_limit), exec_timeout_s=parse_duration(exec_timeout),
                          max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost,
                          extend_for_model_retries=extend_for_retries)
         resources = checked(Resources, gpus=gpus_per_run, cpus=cpus, memory_gb=memory_gb, max_file_gb=max_file_gb,
-                            disk_gb=disk_gb, max_files=max_files)
+                            disk_gb=disk_gb, max_files=max_files, run_folder_gb=run_folder_gb)
         models = parse_models(model)
         config = parse_agent_config(agent_config)
-        seed_list = [seed] if seed is not None else list(range(seeds))
         specs = [build_spec(t, agent=agent, agent_config=config, models=models, seed=s, limits=limits,
                             resources=resources, sandbox=sandbox, allow_unsandboxed=allow_unsandboxed, group=group,
                             selection_cases=selection_cases, sandbox_image=sandbox_image)
@@ -219,6 +247,7 @@ def run_command(
         group_dir = runs_dir / group
     if not specs:
         raise UserInputError("the group has zero runs")
+    check_endpoints(specs, executor=executor)
     started = time.perf_counter()
     console.print(f"{len(specs)} run(s) in {escape(str(group_dir))} ({executor} executor"
                   + (f", {workers} worker(s))" if executor == "local" else ")"))
@@ -244,6 +273,26 @@ def run_command(
         return
     write_group_report(group_dir, out or group_dir / "report.json")
     console.print(f"{len(outcomes)} run(s) in {time.perf_counter() - started:.1f} s")
+    failed = [o for o in outcomes if o.state == "failed"]
+    if failed:  # a run whose agent could not start or crashed is an error of the command, not a result
+        console.print(f"[red]{len(failed)} of {len(outcomes)} run(s) failed[/]; the first: {escape(failed[0].run_id)}: "
+                      f"{safe(failed[0].reason)}")
+        raise typer.Exit(1)
+
+
+def check_endpoints(specs: list[Any], *, executor: str) -> None:
+    """Open one connection to each model endpoint of the runs before any starts, so that a wrong URL is one line
+    (exit code 2) now rather than minutes of retries in every run. A SLURM node may reach endpoints this host
+    cannot (a server on the node, a cluster network): for the slurm executor a failed probe is only a warning."""
+    from rexmle_agents.models.probe import describe, require_reachable, unreachable
+
+    models = sorted({m for s in specs for m in s.models.values()})
+    if executor != "slurm":
+        require_reachable(models)
+        return
+    for endpoint, problem in unreachable(models):
+        console.print(f"[yellow]warning: {safe(describe(endpoint, problem))} from this host (the SLURM nodes may "
+                      "reach it)[/]")
 
 
 def write_group_report(group_dir: Path, path: Path, *, by: Any = None) -> Any:
@@ -268,7 +317,7 @@ def write_group_report(group_dir: Path, path: Path, *, by: Any = None) -> Any:
 OPTION_OF_FIELD = {"time_limit_s": "--time-limit", "exec_timeout_s": "--exec-timeout", "max_steps": "--max-steps",
                    "max_tokens": "--max-tokens", "max_cost_usd": "--max-cost", "gpus": "--gpus-per-run",
                    "cpus": "--cpus", "memory_gb": "--memory-gb", "max_file_gb": "--max-file-gb",
-                   "disk_gb": "--disk-gb", "max_files": "--max-files"}
+                   "disk_gb": "--disk-gb", "max_files": "--max-files", "run_folder_gb": "--run-folder-gb"}
 
 
 def checked(model: Any, **values: Any) -> Any:
@@ -300,8 +349,17 @@ def require_prepared(task_ids: list[str], data_root: Path | None = None) -> None
                  "--synthetic for the real data")
 
 
+def print_forecast(runs: list[Any], *, history: Path | None, title: str) -> None:
+    """The cost forecast of ``runs`` (:mod:`rexmle_agents.forecast`), from ``history``'s recorded runs where it has
+    some of an agent."""
+    from rexmle_agents.forecast import forecast, load_history, render
+
+    render(forecast(runs, history=load_history(history) if history is not None else None), console,
+           title=f"cost forecast: {title}")
+
+
 def plan_specs(reference: str, *, group: str | None, dry_run: bool, allow_unsandboxed: bool,
-               sandbox_image: str | None) -> tuple[list[Any], str] | None:
+               sandbox_image: str | None, history: Path | None = None) -> tuple[list[Any], str] | None:
     """The checked specs of a plan and its group (None after a dry run, which lists the runs and checks nothing)."""
     from rexmle_agents.harness.runner import build_spec
     from rexmle_agents.harness.spec import Limits, Resources, parse_duration
@@ -324,6 +382,17 @@ def plan_specs(reference: str, *, group: str | None, dry_run: bool, allow_unsand
             table.add_row(safe(agent), safe(models), safe(config), safe(limit), str(len({t for t, _ in runs})),
                           str(len({s for _, s in runs})), str(len(runs)))
         console.print(table)
+        from rexmle_agents.plans import refusals
+
+        for agent, count, problem in refusals(requests):
+            console.print(f"[red]would be refused[/]: {count} run(s) of agent {safe(agent)}: {safe(problem)}")
+        from rexmle_agents.forecast import PlannedRun
+
+        print_forecast([PlannedRun(task_id=r.task_id, agent=r.agent, models=r.models, seed=r.seed,
+                                   time_limit_s=parse_duration(r.options.time_limit), gpus=r.options.gpus_per_run,
+                                   max_steps=r.options.max_steps, max_tokens=r.options.max_tokens,
+                                   max_cost_usd=r.options.max_cost) for r in requests],
+                       history=history, title=f"plan {loaded.name}")
         console.print(f"report it with: rexmle report --plan {safe(reference)} (rows by "
                       f"{','.join(loaded.report.by)})")
         return None
@@ -415,6 +484,9 @@ def runs_show_command(
     show_run(find_run(run, runs_dir), console)
 
 
+runs_app.command("export")(runs_export_command)  # `rexmle runs export RUN --format atif`
+
+
 @sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sandbox_exec_command(
     ctx: typer.Context,
@@ -423,7 +495,7 @@ def sandbox_exec_command(
 ) -> None:
     """Run a command in exactly the sandbox a run's code gets: `rexmle sandbox exec RUN_DIR -- COMMAND ...`."""
     from rexmle_agents.harness.paths import RunPaths
-    from rexmle_agents.harness.runner import make_run_sandbox, read_spec
+    from rexmle_agents.harness.runner import make_run_sandbox, read_spec, run_lock
     from rexmle_agents.harness.spec import parse_duration
     from rexmle_tasks.pipeline import task_dirs
     from rexmle_tasks.registry import get_task
@@ -436,9 +508,11 @@ def sandbox_exec_command(
     spec = read_spec(run_dir)
     task = get_task(spec.task_id)
     paths = RunPaths(run_dir.resolve())
-    sandbox = make_run_sandbox(spec, paths, task_dirs(task, spec.data_root).public, task.meta.grader)
-    result = sandbox.run(argv, timeout_s=parse_duration(timeout), log_dir=paths.logs / "sandbox-exec",
-                         log_name=f"exec-{os.getpid()}")
+    # not beside a live run: the command leases an identity of its own, and the workspace would be handed to it
+    with run_lock(paths), make_run_sandbox(spec, paths, task_dirs(task, spec.data_root).public,
+                                           task.meta.grader) as sandbox:
+        result = sandbox.run(argv, timeout_s=parse_duration(timeout), log_dir=paths.logs / "sandbox-exec",
+                             log_name=f"exec-{os.getpid()}")
     for stream, path in (("stdout", result.stdout_path), ("stderr", result.stderr_path)):
         # the log files are bounded (the sandbox keeps a head and a tail); what the code printed is data, shown
         # with control characters escaped

@@ -19,7 +19,10 @@ operation opens the workspace root once, then walks one component at a time rela
   so a sparse file is never densified; copies are plain ``0644`` files owned by the harness (no setuid, setgid,
   sticky bit or ownership the agent chose); the total bytes, the number of files and the nesting depth are bounded,
   and every refusal is a reason in the result, never an exception that ends the run;
-* **measuring** (:meth:`Workspace.usage`): bytes allocated and entries, for the workspace disk limit.
+* **measuring** (:meth:`Workspace.usage`): bytes allocated and entries, for the workspace disk limit;
+* **sweeping** (:meth:`Workspace.sweep`, after every command): set-user-id and set-group-id bits are cleared
+  through a descriptor of the entry itself (``O_PATH | O_NOFOLLOW``, checked with ``fstat``), and a workspace
+  handed to a new identity is chowned entry by entry without following links.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ DISCARDED_PREFIX = ".rexmle-discarded-"
 _RETRIES = 4  # a name swapped between two system calls is retried this often, then refused
 _COPY_CHUNK = 8 * 1024 * 1024
 _LISTED_REFUSALS = 20
+SWEEP_MAX_ENTRIES = 2_000_000  # entries one set-id sweep visits at most (the disk limit's --max-files stops more)
+_SET_ID = stat.S_ISUID | stat.S_ISGID
 
 
 class WorkspaceRefused(RexmleError):
@@ -89,6 +94,17 @@ class Usage:
     bytes: int
     entries: int
     depth: int
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one sweep did: entries visited, set-id bits cleared, entries given to the new owner."""
+
+    entries: int
+    depth: int
+    cleared: int
+    reowned: int
     complete: bool = True
 
 
@@ -204,12 +220,19 @@ class Workspace:
         return fd
 
     # ---- folders ------------------------------------------------------------------------------------------
-    def own_root(self) -> None:
-        """Give the workspace root to the sandbox's user (so agent code may create files at its top level)."""
-        if self.owner is not None:
-            with _closing(self._open_root()) as fd:
-                if (os.fstat(fd).st_uid, os.fstat(fd).st_gid) != self.owner:
-                    os.fchown(fd, *self.owner)
+    def own_root(self) -> bool:
+        """Give the workspace root to the sandbox's user (so agent code may create files at its top level), closed
+        to every other user (0700); True when it belonged to someone else until now."""
+        if self.owner is None:
+            return False
+        with _closing(self._open_root()) as fd:
+            info = os.fstat(fd)
+            if stat.S_IMODE(info.st_mode) != 0o700:
+                os.fchmod(fd, 0o700)
+            if (info.st_uid, info.st_gid) != self.owner:
+                os.fchown(fd, *self.owner)
+                return True
+        return False
 
     def ensure_dir(self, rel: str, *, own: bool = True) -> None:
         """``rel`` is a real folder afterwards (made if missing; a link or file planted at its name, or at a
@@ -269,7 +292,8 @@ class Workspace:
 
     # ---- files --------------------------------------------------------------------------------------------
     def write_text(self, rel: str, text: str) -> None:
-        self.write_bytes(rel, text.encode("utf-8"))
+        # model-written text may hold lone surrogates, which UTF-8 cannot encode: kept as \u escape text
+        self.write_bytes(rel, text.encode("utf-8", "backslashreplace"))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Create ``rel`` afresh with ``data`` (atomic: a new file renamed over whatever had that name)."""
@@ -342,6 +366,28 @@ class Workspace:
             if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
                 return None
             return _read_exactly(fd, info.st_size)
+
+    @contextlib.contextmanager
+    def reading(self, rel: str) -> Iterator[RegularFile | None]:
+        """The regular file ``rel`` opened once (without following links) for reads at offsets; None when it is
+        missing or not a regular file. A reader of a file the agent rewrites compares :meth:`RegularFile.status`
+        before and after to know whether what it read is one version."""
+        *parents, name = relative_parts(rel)
+        try:
+            parent = self._open_dir(parents)
+        except WorkspaceRefused:
+            yield None
+            return
+        with _closing(parent):
+            try:
+                fd = os.open(name, _O_READ, dir_fd=parent)
+            except OSError:
+                fd = -1
+        if fd < 0:
+            yield None
+            return
+        with _closing(fd):
+            yield RegularFile(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
 
     def copy_out(self, rel: str, dest: Path, *, limits: CopyLimits | None = None) -> Collected:
         """Copy the regular files under ``rel`` (a file or a folder tree) into the harness folder ``dest``, without
@@ -451,6 +497,92 @@ class Workspace:
             for fd, _ in frames:
                 os.close(fd)
         return Usage(total, entries, deepest)
+
+
+    def sweep(self, *, reown: bool = False, skip: Sequence[str] = (),
+              max_entries: int = SWEEP_MAX_ENTRIES) -> Swept:
+        """Clear the set-user-id and set-group-id bits of every file and folder below the root; with ``reown``,
+        also give every entry to ``owner`` (chowned by name without following links: a name swapped for a link
+        meanwhile changes the link's owner, never its target's). Bounded like :meth:`usage`; a folder that cannot
+        be listed is passed over. ``skip``: top-level names left alone (the data view)."""
+        owner = self.owner if reown else None
+        entries = deepest = cleared = reowned = 0
+
+        def visit(fd: int, top: bool) -> list[str]:
+            nonlocal entries, cleared, reowned
+            folders: list[str] = []
+            try:
+                listing = os.scandir(fd)
+            except OSError:
+                return folders
+            with listing:
+                for entry in listing:
+                    if top and entry.name in skip:
+                        continue
+                    info = _lstat_at(fd, entry.name)
+                    if info is None:
+                        continue
+                    entries += 1
+                    if owner is not None and (info.st_uid, info.st_gid) != owner:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.chown(entry.name, *owner, dir_fd=fd, follow_symlinks=False)
+                            reowned += 1
+                        info = _lstat_at(fd, entry.name) or info  # chown may have cleared set-id bits itself
+                    if info.st_mode & _SET_ID and (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                        cleared += _clear_set_id(fd, entry.name)
+                    if stat.S_ISDIR(info.st_mode):
+                        folders.append(entry.name)
+            return folders
+
+        root = self._open_root()
+        frames: list[tuple[int, list[str]]] = [(root, [])]
+        try:
+            info = os.fstat(root)
+            if info.st_mode & _SET_ID:
+                os.fchmod(root, stat.S_IMODE(info.st_mode) & ~_SET_ID)
+                cleared += 1
+            frames[0] = (root, visit(root, True))
+            while frames:
+                if entries > max_entries or len(frames) > MAX_DEPTH:
+                    return Swept(entries, max(deepest, len(frames)), cleared, reowned, complete=False)
+                fd, pending = frames[-1]
+                if not pending:
+                    os.close(frames.pop()[0])
+                    continue
+                try:
+                    child = os.open(pending.pop(), _O_DIR, dir_fd=fd)
+                except OSError:  # gone, swapped for a link, or closed to the harness: nothing to sweep below it
+                    continue
+                try:
+                    frames.append((child, visit(child, False)))
+                except BaseException:
+                    os.close(child)
+                    raise
+                deepest = max(deepest, len(frames) - 1)
+        finally:
+            for fd, _ in frames:
+                os.close(fd)
+        return Swept(entries, deepest, cleared, reowned)
+
+
+def _clear_set_id(parent: int, name: str) -> int:
+    """Clear the set-id bits of ``name`` through a descriptor of the entry itself (a link is opened as the link,
+    and left alone); 1 when bits were cleared."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return 0
+    try:
+        info = os.fstat(fd)
+        if not (info.st_mode & _SET_ID and (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode))):
+            return 0
+        # chmod of an O_PATH descriptor goes through its /proc link, which names the opened inode, not a path
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(info.st_mode) & ~_SET_ID)
+        return 1
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
 
 
 def _remove_tree(parent: int, name: str, *, budget: int) -> None:
@@ -672,6 +804,27 @@ def _named_files(table: bytes, file_columns: Sequence[str]) -> list[str]:
         return [row[i].strip() for row in rows for i in columns if i < len(row) and row[i].strip()]
     except (UnicodeDecodeError, csv.Error):
         return []
+
+
+class RegularFile:
+    """A regular file of the workspace opened by :meth:`Workspace.reading` (valid inside its ``with`` block)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def status(self) -> os.stat_result:
+        return os.fstat(self._fd)
+
+    def read(self, offset: int, count: int) -> bytes:
+        """Up to ``count`` bytes from ``offset`` (fewer at the end of the file)."""
+        parts, done = [], 0
+        while done < count:
+            chunk = os.pread(self._fd, min(count - done, _COPY_CHUNK), offset + done)
+            if not chunk:
+                break
+            parts.append(chunk)
+            done += len(chunk)
+        return b"".join(parts)
 
 
 def _read_exactly(fd: int, size: int) -> bytes:

@@ -41,15 +41,36 @@ NODES = [("Draft: a score from the file size.", 1.0, 0.7, False, False),
          ("Improve: another scale.", -3.0, 0.4, False, False)]
 
 
-def code_of(index: int) -> str:
-    _, scale, metric, _, network = NODES[index]
-    return CODE.replace("SCALE", str(scale)).replace("METRIC", str(metric)).replace("NETWORK", str(network))
+# Code that uses `random` unseeded (in AIDE's child process and in an interpreter it starts) and writes what it drew
+# where the prompts do not see it; WRITE: whether it writes its own submission
+RANDOM_CODE = '''
+import random, subprocess, sys
+import pandas as pd
+ids = pd.read_csv("./input/sample_submission/submission.csv", dtype=str)["image_id"]
+child = subprocess.run([sys.executable, "-c", "import random; print(random.random())"], capture_output=True,
+                       text=True).stdout.strip()
+with open("./working/random.txt", "a") as out:
+    out.write(f"{random.random()} {child}\\n")
+if NETWORK:
+    pd.DataFrame({"image_id": ids, "quality_score": [SCALE] * len(ids)}).to_csv("./working/submission.csv", index=False)
+print("validation metric:", METRIC)
+'''
+# a draft that writes its submission, then a better node whose code writes none (NETWORK stands for WRITE here)
+REPLAY_NODES = [("Draft: a constant score.", 1.0, 0.7, False, True),
+                ("Improve: forgets to write its submission.", 2.0, 0.9, False, False)]
+
+
+def code_of(index: int, nodes: list[Any] = NODES, template: str = CODE) -> str:
+    _, scale, metric, _, network = nodes[index]
+    return template.replace("SCALE", str(scale)).replace("METRIC", str(metric)).replace("NETWORK", str(network))
 
 
 class ScriptedAide:
     """Answers AIDE's prompts: a plan and a code block for draft/improve, a submit_review tool call for reviews."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: list[Any] = NODES, template: str = CODE) -> None:
+        self.nodes = nodes
+        self.template = template
         self.code_calls = 0
         self.review_calls = 0
 
@@ -57,7 +78,7 @@ class ScriptedAide:
         if tools:
             forced = config.extra["tool_choice"]["function"]["name"]  # the forced tool reached the model
             assert tools[0].name == forced == "submit_review"
-            _, _, metric, buggy, _ = NODES[self.review_calls]
+            _, _, metric, buggy, _ = self.nodes[self.review_calls]
             self.review_calls += 1
             review = {"is_bug": buggy, "summary": "looks fine" if not buggy else "it failed",
                       "metric": metric, "lower_is_better": False}
@@ -65,8 +86,8 @@ class ScriptedAide:
                                  usage=Usage(input_tokens=120, output_tokens=30), finish_reason="tool_calls")
         index = self.code_calls
         self.code_calls += 1
-        plan = NODES[index][0]
-        return ModelResponse(text=f"{plan}\n\n```python\n{code_of(index)}\n```",
+        plan = self.nodes[index][0]
+        return ModelResponse(text=f"{plan}\n\n```python\n{code_of(index, self.nodes, self.template)}\n```",
                              usage=Usage(input_tokens=300, output_tokens=80))
 
 
@@ -168,9 +189,12 @@ def test_aideml_stops_at_a_spent_budget(aideml_env: AgentEnvironment, run_extern
 
 def test_a_recorded_aideml_run_replays(aideml_env: AgentEnvironment, data_root: Path, tmp_path: Path) -> None:
     """AIDE's calls are recorded through the relay like any model call; with Python's random seeded by the run's
-    seed (AIDE shuffles its prompts), the same run asks the same questions again and replays from the cassette.
-    (Its review prompts quote the code's run time in words, "a moment": code whose run time crosses a word
-    boundary between recording and replay diverges.)"""
+    seed in AIDE's own process (AIDE shuffles its prompts), the same run asks the same questions again and replays
+    from the cassette, while the code AIDE runs draws different numbers each time, as it does outside rexmle
+    (issue 34, item 8). The second node reports a better metric but writes no submission: it owns none, so neither
+    run snapshots or grades it, and the replay grades the recording's files (issue 34, item 6). (Its review prompts
+    quote the code's run time in words, "a moment": code whose run time crosses a word boundary between recording
+    and replay diverges.)"""
     from rexmle_agents.harness.runner import build_spec, execute_run
     from rexmle_agents.models import Model, RecordingBackend, ReplayBackend, RetryPolicy, ScriptedBackend
 
@@ -178,7 +202,8 @@ def test_a_recorded_aideml_run_replays(aideml_env: AgentEnvironment, data_root: 
     spec = build_spec("ldct-iqa", agent="aideml", agent_config={"steps": 2, "num_drafts": 1, "debug_prob": 0.0},
                       models={"code": "scripted/model", "feedback": "scripted/model"}, seed=3,
                       limits=Limits(time_limit_s=600), sandbox="bwrap", data_root=data_root, group="test")
-    recorder = Model(RecordingBackend(ScriptedBackend(ScriptedAide()), cassette), retry=RetryPolicy(max_attempts=1))
+    scripted = ScriptedAide(REPLAY_NODES, RANDOM_CODE)
+    recorder = Model(RecordingBackend(ScriptedBackend(scripted), cassette), retry=RetryPolicy(max_attempts=1))
     first = execute_run(spec, tmp_path / "recorded", models={"code": recorder, "feedback": recorder}, grace_s=5.0)
     player = Model(ReplayBackend(cassette, "scripted/model"), retry=RetryPolicy(max_attempts=1))
     second = execute_run(spec, tmp_path / "replayed", models={"code": player, "feedback": player}, grace_s=5.0)
@@ -187,3 +212,22 @@ def test_a_recorded_aideml_run_replays(aideml_env: AgentEnvironment, data_root: 
     replayed = [json.loads(line) for line in (second.run_dir / "journal.jsonl").read_text().splitlines()]
     assert sum(e["kind"] == "model_call" for e in replayed) == 4
     assert not [e for e in replayed if e["kind"] == "log" and e.get("relay") == "upstream_error"]
+
+    # only the draft owns a submission: the better node wrote none and inherits nothing, in both runs
+    for run in (first, second):
+        snapshots = [e for e in events(run.run_dir) if e["kind"] == "snapshot"]
+        assert [s["metadata"]["node"] for s in snapshots] == [0], run.run_dir
+        final = (run.run_dir / "final" / "submission" / "submission.csv").read_text().splitlines()
+        assert final[1].endswith(",1.0")
+        tree = trajectory(load_run(run.run_dir))
+        assert [(n.metric, n.snapshot is not None, n.final) for n in tree.nodes] == [(0.7, True, True),
+                                                                                     (0.9, False, False)]
+
+    # the code's own random numbers (in AIDE's child, and in an interpreter it started) differ between the runs
+    def drawn(run: Any) -> list[list[str]]:
+        path = run.run_dir / "workspace" / "agent" / "attempt-1" / "workspaces" / "0-rexmle" / "working" / "random.txt"
+        return [line.split() for line in path.read_text().splitlines()]
+
+    recorded, again = drawn(first), drawn(second)
+    assert len(recorded) == len(again) == 2 and all(len(row) == 2 for row in recorded + again)
+    assert all(a[0] != b[0] and a[1] != b[1] for a, b in zip(recorded, again, strict=True)), (recorded, again)

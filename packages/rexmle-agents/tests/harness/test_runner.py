@@ -253,14 +253,15 @@ def test_selection_split_chooses_the_final_submission_by_held_out_cases(data_roo
     """--selection-cases: the agent sees K fewer training cases and K more inputs; every valid snapshot is graded
     on those K with the task's grader; the best of them is submitted, whatever the agent chose; the final grade
     is on the real test cases only."""
-    from rexmle_tasks.selection import prepare_selection
+    from rexmle_agents.harness.paths import RunPaths
+    from rexmle_agents.harness.runner import selection_split
 
     spec = build_spec(TASK, agent="test-noise-fit", data_root=data_root, selection_cases=4)
-    selection = prepare_selection(TASK, 4, data_root)
     assert spec.selection_cases == 4 and spec.run_id != build_spec(TASK, agent="test-noise-fit",
                                                                    data_root=data_root).run_id
     outcome = execute_run(spec, tmp_path)
     assert outcome.state == "finished", outcome.reason
+    selection = selection_split(spec, RunPaths(outcome.run_dir))  # the run's own split, drawn when it started
     events = Journal(outcome.run_dir / "journal.jsonl").events()
     snapshot = next(e for e in events if e["kind"] == "snapshot")
     assert snapshot["selection"]["k"] == 4 and snapshot["selection"]["status"] == "valid"
@@ -271,8 +272,8 @@ def test_selection_split_chooses_the_final_submission_by_held_out_cases(data_roo
     grade = outcome.grade
     assert grade is not None and grade.status == "valid" and grade.labels["selection_cases"] == "4"
     assert sorted(row["image_id"] for row in grade.per_case) == sorted(selection.test_ids)
-    train = (Path(data_root) / TASK / "selection-4" / "agent" / "public" / "train" / "labels.csv").read_text()
-    assert not any(f"\n{i}," in train for i in selection.selection_ids)
+    train = (selection.agent_public / "train" / "labels.csv").read_text()
+    assert not any(f"\n{selection.case_of(i)}," in train for i in selection.selection_ids)
 
 
 def test_choose_final_prefers_the_best_selection_score() -> None:

@@ -33,9 +33,10 @@ def report(group_dir: Path):
 
 def test_the_group_figures_have_a_mark_per_row_and_column(report, tmp_path: Path) -> None:
     rows = 4  # sample, aide, mcts, rdloop; one task, one task type
+    # the scripted model of aide, mcts and rdloop has no price: their cost is unknown, left out of the cost figure
     for make, expected in ((percentile_by_task, rows), (valid_rate_by_type, rows), (percentile_vs_budget, rows),
-                           (percentile_vs_cost, rows)):
-        paths, counted = make(report, tmp_path, "synthetic")
+                           (percentile_vs_cost, 1)):
+        paths, counted = make(report, tmp_path, "synthetic-easy")
         assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in paths)
         assert counted == expected and marks(paths[1]) == expected, make.__name__
         assert "SYNTHETIC DATA" in paths[1].read_text()
@@ -55,8 +56,8 @@ def test_a_search_curve_has_a_point_per_scored_node(agent_runs: dict[str, Path],
 def test_write_figures_draws_every_figure_and_the_search_curves(report, group_dir: Path, tmp_path: Path) -> None:
     made = write_figures(report, load_runs([group_dir]), tmp_path, max_curves=2)
     assert {k for k in made if not k.startswith("search-")} == {
-        "percentile-by-task-synthetic", "valid-rate-by-type-synthetic", "percentile-vs-budget-synthetic",
-        "percentile-vs-cost-synthetic"}
+        "percentile-by-task-synthetic-easy", "valid-rate-by-type-synthetic-easy", "percentile-vs-budget-synthetic-easy",
+        "percentile-vs-cost-synthetic-easy"}
     assert len([k for k in made if k.startswith("search-")]) == 2
     assert len(list(tmp_path.glob("*.svg"))) == len(list(tmp_path.glob("*.png"))) == len(made)
 

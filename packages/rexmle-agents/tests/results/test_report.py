@@ -15,7 +15,14 @@ import pytest
 from rexmle_agents.results.loader import load_runs, task_facts
 from rexmle_agents.results.report import build_group_report, parse_by, to_csv, to_markdown
 from rexmle_agents.results.rows import RunRow
-from rexmle_agents.results.stats import aggregate, hierarchical_bootstrap, pad_grid, reference_percentiles
+from rexmle_agents.results.stats import (
+    ExpertPin,
+    aggregate,
+    expert_bounds,
+    hierarchical_bootstrap,
+    pad_grid,
+    reference_percentiles,
+)
 from rexmle_grade.cli import main
 from rexmle_grade.errors import UserInputError
 
@@ -114,12 +121,14 @@ def test_the_normalised_score_puts_the_sample_at_0_and_the_best_baseline_at_1() 
                  {"agent": "aide", "percentile_counted": 0.5, "percentile": 0.5})
 
     class Calibrated:
-        task_id, percentile, synthetic, valid = "isles22", 0.8, False, True
+        task_id, percentile, synthetic, valid, task_version = "isles22", 0.8, False, True, "1"
+        baseline, config, time_budget_s, seed = "nnunet", "full", None, 0
 
     facts = {"isles22": task_facts("isles22")}
     padded, _ = pad_grid(frame, ("agent", "model"), facts)
-    references = reference_percentiles(padded, [Calibrated()])
-    assert references == {("real", "isles22"): (pytest.approx(0.2), 0.8)}
+    pins = {"isles22": ExpertPin(task_id="isles22", baseline="nnunet", config="full")}
+    references = reference_percentiles(padded, expert_bounds([Calibrated()], pins))
+    assert references == {("real", "isles22", "1"): (pytest.approx(0.2), 0.8)}
     result = table(frame, references=references)
     assert result[("real", ("aide", "openai/gpt-5"), "all", "all")].normalised == pytest.approx(0.5)
     assert result[("real", ("sample", "-"), "all", "all")].normalised == pytest.approx(0.0)
@@ -151,7 +160,7 @@ def test_rows_by_task_keep_the_task_type_and_dimension_scopes_but_no_redundant_t
 
 def test_a_task_whose_baseline_is_no_better_than_the_sample_is_left_out_of_the_normalised_score() -> None:
     frame = rows({"agent": "aide", "percentile_counted": 0.5, "percentile": 0.5})
-    result = table(frame, references={("real", "isles22"): (0.4, 0.4)})  # baseline = sample: no scale
+    result = table(frame, references={("real", "isles22", "1"): (0.4, 0.4)})  # expert = sample: no scale
     row = result[("real", ("aide", "openai/gpt-5"), "all", "all")]
     assert row.normalised is None and row.normalised_tasks == 0
 

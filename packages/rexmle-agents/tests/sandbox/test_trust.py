@@ -65,8 +65,9 @@ def probe(sandbox) -> dict:
 
 @needs_root
 def test_agent_code_never_runs_as_host_root(world) -> None:
-    found = probe(get_sandbox("bwrap", world.spec()))
-    user = identity.sandbox_user()
+    sandbox = get_sandbox("bwrap", world.spec())
+    found = probe(sandbox)
+    user = sandbox.user
     assert user is not None and user.uid != 0
     assert (found["uid"], found["euid"], found["gid"]) == (user.uid, user.uid, user.gid)
     assert found["groups"] in ([], [user.gid])
@@ -78,9 +79,10 @@ def test_agent_code_never_runs_as_host_root(world) -> None:
 
 
 def test_proc_sys_is_read_only_whoever_the_harness_is(world) -> None:
-    found = probe(get_sandbox("bwrap", world.spec()))
+    sandbox = get_sandbox("bwrap", world.spec())
+    found = probe(sandbox)
     assert found["sys_writable"] == [] and "wrote" not in found
-    assert found["uid"] == (identity.sandbox_user().uid if os.geteuid() == 0 else os.getuid())
+    assert found["uid"] == (sandbox.user.uid if os.geteuid() == 0 else os.getuid())
 
 
 @needs_root
@@ -90,7 +92,7 @@ def test_files_the_agent_writes_stay_readable_and_removable_by_the_harness(world
                                            "deep && umask 077 && echo y > ../submission/own.txt"])
     assert result.ok, result.stderr_tail
     owner = (world.workspace / "submission" / "own.txt").stat()
-    assert owner.st_uid == identity.sandbox_user().uid
+    assert owner.st_uid == sandbox.user.uid
     assert (world.workspace / "submission" / "own.txt").read_text() == "y\n"
     assert Workspace(world.workspace).remove("working/deep") == []
     assert not (world.workspace / "working" / "deep").exists()
@@ -103,35 +105,36 @@ def test_sandbox_user_must_not_be_root(monkeypatch) -> None:
         identity._resolve_user("0:0")
     with pytest.raises(SandboxError, match="does not exist"):
         identity._resolve_user("no-such-user-rexmle")
-    assert identity._resolve_user("4242:4243").owner == (4242, 4243)
+    fixed = identity._resolve_user("4242:4243")
+    assert fixed.owner == (4242, 4243) and fixed.shared
 
 
 def test_container_runtimes_never_run_agent_code_as_root(world, monkeypatch) -> None:
     from rexmle_agents.sandbox import ApptainerSandbox, DockerSandbox, SandboxSpec
     from rexmle_agents.sandbox.base import Sandbox
 
-    user = identity.SandboxUser(name="rexmle-sandbox", uid=999, gid=995)
-    monkeypatch.setattr(Sandbox, "__init__", _init_with_user(Sandbox.__init__, user))
+    lease = identity.IdentityLease(user=identity.SandboxUser(name="rexmle-999", uid=999, gid=995), lock_fd=None)
+    monkeypatch.setattr(Sandbox, "__init__", _init_as_root(Sandbox.__init__))
     spec = SandboxSpec(workspace=world.workspace, data=world.public, image="img.sif")
-    docker = DockerSandbox.__new__(DockerSandbox)
-    DockerSandbox.__init__(docker, spec)
+    docker = DockerSandbox(spec, identity=lease)
     line = docker.command(["python", "-V"])
     assert line[line.index("--user") + 1] == "999:995"
     for flag in ("--read-only", "--cap-drop", "--security-opt"):
         assert flag in line
     assert line[line.index("--cap-drop") + 1] == "ALL"
     assert line[line.index("--security-opt") + 1] == "no-new-privileges"
-    apptainer = ApptainerSandbox.__new__(ApptainerSandbox)
-    ApptainerSandbox.__init__(apptainer, spec)
+    apptainer = ApptainerSandbox(spec, identity=lease)
     line = apptainer.command(["python", "-V"])
     assert "--no-privs" in line and line[line.index("--security") + 1] == "uid:999,gid:995"
     assert "--containall" in line and "--cleanenv" in line
 
 
-def _init_with_user(original, user):
-    def init(self, spec):
-        original(self, spec)
-        self.user = user
+def _init_as_root(original):
+    """Sandbox.__init__ as a harness running as root would run it (a test may not be root)."""
+
+    def init(self, spec, **kwargs):
+        original(self, spec, **kwargs)
+        self.drops_privileges = True
 
     return init
 

@@ -73,10 +73,12 @@ class FakeModel:
     """A function of the request, for ``ScriptedBackend``: drafts from ``drafts`` in turn, good scripts for debug and
     improve (each improvement a slightly different ridge penalty), reviews through ``submit_review``."""
 
-    def __init__(self, drafts: Sequence[str], *, debug: str | None = None, review_without_tool: int = 0) -> None:
+    def __init__(self, drafts: Sequence[str], *, debug: str | None = None, review_without_tool: int = 0,
+                 feedback_without_decision: int = 0) -> None:
         self.drafts = list(drafts)
         self.debug = debug
         self.review_without_tool = review_without_tool  # the first N reviews forget the tool call
+        self.feedback_without_decision = feedback_without_decision  # the first N feedbacks leave out replace_best
         self.counts: dict[str, int] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -105,8 +107,9 @@ class FakeModel:
                                                          "rationale": "low dose adds noise"})
         if kind == "critique":
             return _tool(call_id, "submit_code_review", {"ready": True, "feedback": ""})
+        decision = {} if number < self.feedback_without_decision else {"replace_best": True}
         return _tool(call_id, "submit_feedback", {"supported": True, "observations": "it ran",
-                                                  "lesson": f"lesson {number}", "replace_best": True})
+                                                  "lesson": f"lesson {number}", **decision})
 
     @staticmethod
     def _kind(prompt: str) -> str:

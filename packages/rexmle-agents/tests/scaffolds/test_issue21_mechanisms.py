@@ -35,6 +35,7 @@ class FakeBench:
 
     system_prompt = "system"
     task_metric = TaskMetric("score", lower_is_better=False, description="a correlation")
+    choose_best = None  # the metric decides the best (rdloop's feedback_decides_best sets it)
 
     def __init__(self, script: Sequence[Any], *, explore_turns: int = 0) -> None:
         self.backend = ScriptedBackend(list(script))
@@ -268,6 +269,8 @@ def test_an_rdloop_round_is_reviewed_and_revised_before_its_full_run(run_scaffol
     names = [e["name"] for e in events if e["kind"] == "exec_started"]
     assert [n.split("-", 2)[2] for n in names] == ["node0-sample", "node0-sample", "node0"]
     assert fake.counts["critique"] == 2 and fake.counts["feedback"] == 1
+    (selected,) = [e for e in events if e["kind"] == "final_selected"]
+    assert "node 0: chosen by the feedback" in selected["reason"]  # it accepted the round: its choice, named so
 
 
 # ---- AIRA: merge, memory summaries, the evolutionary policy -------------------------------------------------------

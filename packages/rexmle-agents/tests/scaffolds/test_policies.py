@@ -132,6 +132,67 @@ def test_mcts_exploration_decays_and_terminal_subtrees_are_skipped() -> None:
     assert policy.select(tree) == ("draft", None)  # falls back to drafting when no node works
 
 
+def test_mcts_a_stagnation_limit_of_one_ends_a_branch_after_one_failed_improvement() -> None:
+    tree = Tree()
+    draft = finished(tree, "draft", metric=0.5)
+    assert not mcts(stagnation_limit=1).stagnant(tree, draft)  # no improvement tried yet
+    finished(tree, "improve", draft.id, metric=0.4)
+    assert mcts(stagnation_limit=1).stagnant(tree, draft)  # one of one failed: the branch is spent
+    assert mcts(stagnation_limit=1).action(draft, tree) == (None, 0)
+    finished(tree, "improve", draft.id, metric=0.7)
+    assert not mcts(stagnation_limit=1).stagnant(tree, draft)  # the latest one beat it
+
+
+def test_mcts_an_improvement_that_only_ties_fails_to_beat_its_parent() -> None:
+    tree = Tree()
+    draft = finished(tree, "draft", metric=0.5)
+    finished(tree, "improve", draft.id, metric=0.5)
+    assert mcts(stagnation_limit=1).stagnant(tree, draft)
+    assert mcts(stagnation_limit=0).stagnant(tree, draft) is False  # 0 turns the rule off (a bool all the same)
+
+
+def test_mcts_exploration_reaches_its_end_after_c_decay_nodes_even_when_that_is_one_or_zero() -> None:
+    assert mcts(c_start=2.0, c_end=0.5, c_decay_nodes=1).exploration(1) == 0.5
+    assert mcts(c_start=2.0, c_end=0.5, c_decay_nodes=0).exploration(0) == 2.0
+    assert mcts(c_start=2.0, c_end=0.5, c_decay_nodes=0).exploration(1) == 0.5
+
+
+def test_mcts_the_improvement_bonus_needs_a_score_above_the_best_backed_up_one() -> None:
+    policy = mcts(reward_valid=1.0, reward_improved=1.0)
+    tree = Tree()
+    for metric in (0.5, 0.9):
+        policy.backup(tree, finished(tree, "draft", metric=metric))
+    between = finished(tree, "draft", metric=0.7)  # above the worst, below the best: no improvement
+    tie = finished(tree, "draft", metric=0.9)  # equal to the best: no improvement either
+    assert policy.reward(tree, between) == 1.0 and policy.reward(tree, tie) == 1.0
+    assert policy.reward(tree, finished(tree, "draft", metric=0.95)) == 2.0
+
+
+def test_mcts_an_improvement_still_in_flight_is_no_failed_try() -> None:
+    tree = Tree()
+    draft = finished(tree, "draft", metric=0.5)
+    finished(tree, "improve", draft.id, metric=0.4)
+    tree.new_node("improve", draft.id)  # dispatched to a worker, not finished: it has not failed yet
+    assert not mcts(stagnation_limit=2).stagnant(tree, draft)
+
+
+def test_mcts_a_node_still_in_flight_is_closed_and_says_so_with_a_bool() -> None:
+    tree = Tree()
+    pending = tree.new_node("draft", None)  # not done: selection cannot expand below it yet
+    assert mcts().is_open(tree, pending) is False
+
+
+def test_mcts_improvement_is_measured_against_nodes_already_backed_up_only() -> None:
+    policy = mcts(reward_valid=1.0, reward_improved=1.0)
+    tree = Tree()
+    unrewarded = finished(tree, "draft", metric=0.9)  # finished by another worker, not backed up yet
+    first = finished(tree, "draft", metric=0.5)
+    assert unrewarded.reward is None and policy.reward(tree, first) == 2.0  # nothing backed up beats it
+    policy.backup(tree, first)
+    # backing a node up again (a resumed run) does not compare it with its own score
+    assert policy.reward(tree, first) == 2.0
+
+
 def test_rdloop_debugs_the_last_failure_then_improves_the_best() -> None:
     policy = RdLoop(RdLoop.defaults, seed=0)
 

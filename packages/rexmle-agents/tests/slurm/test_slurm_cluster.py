@@ -255,8 +255,9 @@ def test_a_request_slurm_can_never_satisfy_is_reported_with_slurms_reason(
     said = " ".join(capsys.readouterr().err.split())
     assert "SLURM refused the job array" in said and "--gres=gpu:1" in said
     assert "Invalid generic resource (gres) specification" in said
-    # a time limit above the partition's MaxTime (2 h): accepted, but it would wait forever
-    assert rexmle(*run_args(slurm_data, runs_dir, "never", *base, "--slurm-timeout-min", "500")) == 0
+    # a time limit above the partition's MaxTime (2 h): accepted, but it would wait forever: the run is reported
+    # failed (and cancelled), so the command exits 1
+    assert rexmle(*run_args(slurm_data, runs_dir, "never", *base, "--slurm-timeout-min", "500")) == 1
     run_dir = only_run(runs_dir / "never")
     status = status_of(run_dir)
     assert status["state"] == "failed" and status["cluster_stop"] == "PENDING"

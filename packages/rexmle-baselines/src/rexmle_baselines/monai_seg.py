@@ -133,6 +133,37 @@ class LoadCase:
         return {"image": image.astype(np.float16), "label": label.astype(np.uint8)}
 
 
+# Patch centres drawn per class: enough to sample from, few enough to cache (a 256x512x512 label's background alone
+# would be 67 M int64 indices, 537 MB per case).
+MAX_CENTRES_PER_CLASS = 200_000
+CLASS_INDICES = "label_cls_indices"
+FG_INDICES, BG_INDICES = "label_fg_indices", "label_bg_indices"
+
+
+class CropCentres:
+    """Deterministic step after padding (so ``CacheDataset`` caches it with the case): each class's voxel indices
+    (at most :data:`MAX_CENTRES_PER_CLASS`, evenly subsampled by MONAI), from which the random cropper draws its
+    centres. Without it the cropper scans the whole label for every crop of every epoch (about 20 s a call on a
+    256x512x512 label)."""
+
+    def __init__(self, n_classes: int, *, pos_neg: bool) -> None:
+        self.n_classes = n_classes
+        self.pos_neg = pos_neg
+
+    def __call__(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        utils = require_module("monai.transforms.utils", extra="monai", package="rexmle-baselines")
+        indices = utils.map_classes_to_indices(item["label"], num_classes=self.n_classes,
+                                               max_samples_per_class=MAX_CENTRES_PER_CLASS)
+        out = dict(item)
+        if self.pos_neg:
+            foreground = [np.asarray(i) for i in indices[1:] if len(i)]
+            out[FG_INDICES] = np.concatenate(foreground) if foreground else np.zeros(0, dtype=np.int64)
+            out[BG_INDICES] = np.asarray(indices[0])
+        else:
+            out[CLASS_INDICES] = [np.asarray(i) for i in indices]
+        return out
+
+
 def case_voxels(io: SegmentationIO, case: SegCase, grid: Grid) -> int:
     """Voxels of a case on the network's grid, from its header (3-D) or its pixels (2-D)."""
     if io.dim == 3:
@@ -229,6 +260,10 @@ def planned_epochs(params: Mapping[str, Any], n_cases: int) -> int:
 def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, ctx: BaselineContext) -> Any:
     monai = require_module("monai", extra="monai", package="rexmle-baselines")
     t = monai.transforms
+    # CacheDataset caches the output of the leading steps that are MONAI transforms and not random: ours must say
+    # they are (virtual subclasses of the ABC), or nothing at all is cached and every epoch reloads every case
+    for step in (LoadCase, CropCentres):
+        t.Transform.register(step)
     params = ctx.params
     keys = ["image", "label"]
     crop = str(params["crop"])
@@ -238,11 +273,16 @@ def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, 
     if crop == "classes":  # every class (background included) equally often as a patch centre
         cropper = t.RandCropByLabelClassesd(keys=keys, label_key="label", spatial_size=patch,
                                             num_classes=len(io.labels), ratios=[1.0] * len(io.labels),
-                                            num_samples=samples, warn=False)
+                                            num_samples=samples, warn=False, indices_key=CLASS_INDICES)
+        index_keys = [CLASS_INDICES]
     else:
         cropper = t.RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=patch,
-                                           pos=float(params["pos_ratio"]), neg=1.0, num_samples=samples)
-    steps = [LoadCase(io, grid), t.SpatialPadd(keys=keys, spatial_size=patch), cropper,
+                                           pos=float(params["pos_ratio"]), neg=1.0, num_samples=samples,
+                                           fg_indices_key=FG_INDICES, bg_indices_key=BG_INDICES)
+        index_keys = [FG_INDICES, BG_INDICES]
+    # the centres are computed once per case (cached with it) and dropped once the patches are cut
+    steps = [LoadCase(io, grid), t.SpatialPadd(keys=keys, spatial_size=patch),
+             CropCentres(len(io.labels), pos_neg=crop != "classes"), cropper, t.DeleteItemsd(keys=index_keys),
              t.CastToTyped(keys=keys, dtype=(np.float32, np.int64))]
     if params["spatial_aug"]:
         angle = 0.26  # 15 degrees

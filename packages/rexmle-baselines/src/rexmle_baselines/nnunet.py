@@ -243,6 +243,23 @@ class Progress:
         os.replace(partial, work_dir / PROGRESS_FILE)
 
 
+MAX_WORKER_PROCESSES = 8  # nnU-Net's own default for 3-D preprocessing; each worker holds a whole case in memory
+
+
+def worker_processes() -> int:
+    """nnU-Net's worker processes (preprocessing, export, post-processing): ``$nnUNet_def_n_proc`` when set, else
+    the CPUs this process may run on (its affinity: a SLURM job's or a sandbox's share, not the host's count), at
+    most :data:`MAX_WORKER_PROCESSES`."""
+    configured = os.environ.get("nnUNet_def_n_proc", "").strip()  # noqa: SIM112
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise UserInputError(f"nnUNet_def_n_proc must be a positive whole number, got {configured!r}",
+                                 hint="unset it to size the workers to the run's CPUs")
+        return int(configured)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, MAX_WORKER_PROCESSES))
+
+
 def predict_arguments(folder: Path, output: Path, configuration: str, trainer: str, folds: Sequence[str],
                       device: str, *, tta: bool, processes: str) -> list[str]:
     arguments = ["-i", str(folder / "imagesTs"), "-o", str(output), "-d", str(DATASET_ID), "-c", configuration,
@@ -309,8 +326,9 @@ class NnUNetBaseline(Baseline):
         trainer = str(params["trainer"])
         raw, preprocessed, results = (ctx.work_dir / n for n in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"))
         progress = Progress.load(ctx.work_dir, resume=ctx.resume)
-        # nnU-Net's own (lower-case) variable names; one process per step on small CPUs (ENVIRONMENT.md)
-        processes = os.environ.get("nnUNet_def_n_proc", "1")  # noqa: SIM112
+        # nnU-Net's own (lower-case) variable names: its worker processes for preprocessing, export and
+        # post-processing, sized to the CPUs this run may use unless the user set them
+        processes = str(worker_processes())
         data_augmentation = os.environ.get("nnUNet_n_proc_DA", "0" if ctx.device == "cpu" else "8")  # noqa: SIM112
         settings_file = ctx.work_dir / SETTINGS_FILE
         env = {**os.environ, "nnUNet_raw": str(raw), "nnUNet_preprocessed": str(preprocessed),
@@ -328,7 +346,7 @@ class NnUNetBaseline(Baseline):
             progress.dataset_written = True
             progress.save(ctx.work_dir)
         if not progress.preprocessed:
-            plan = ["-d", str(DATASET_ID), "-c", configuration, "-np", processes, "-npfp", "1",
+            plan = ["-d", str(DATASET_ID), "-c", configuration, "-np", processes, "-npfp", processes,
                     "--verify_dataset_integrity"]
             _entry("nnunetv2.experiment_planning.plan_and_preprocess_entrypoints", "plan_and_preprocess_entry", plan,
                    env, ctx.log, "plan and preprocess")

@@ -8,8 +8,9 @@ averaged, as the LDCT-IQA winner ensembled five folds.
 
 - ``timm-regress`` regresses the radiologists' score of a CT slice from the slice itself (one channel, no
   resizing, since resampling would smear the noise the score is about). The released slices are already windowed
-  to [0, 1] (see :mod:`rexmle_tasks.families.ldct`); only slices in Hounsfield units are put through the
-  soft-tissue window (:func:`ct_to_unit`), never both.
+  to [0, 1] (see :mod:`rexmle_tasks.families.ldct`); only a data set in Hounsfield units is put through the
+  soft-tissue window (:func:`ct_to_unit`), never both; the choice is made once for the whole data set
+  (:func:`ct_scale`), so every slice, train and test, gets the same mapping.
 - ``timm-cls`` answers TopCoW task 3 (which of the 4 anterior and 4 posterior Circle-of-Willis segments exist) as a
   plain multi-label image classifier on three maximum-intensity projections of the volume (axial, coronal,
   sagittal MIPs stacked as channels). Images are never flipped: left and right segments are different labels.
@@ -50,8 +51,10 @@ TOPCOW_EDGE_GRADERS = ("topcow-track1-task3", "topcow-track2-task3")
 # HU window for slices given in Hounsfield units: abdominal soft tissue (level 40, width 400), where the rated noise
 # and streaks show
 HU_WINDOW = (-160.0, 240.0)
-# a slice whose values all lie in [0, 1] (give or take float rounding) is windowed already, as released
-UNIT_RANGE_TOLERANCE = 1e-3
+# a data set whose values all lie in [0, 1] give or take this overshoot is windowed already, as released (a
+# resampled or denoised slice may overshoot a little); HU slices span hundreds (air -1000, soft tissue 40)
+UNIT_RANGE_OVERSHOOT = 0.5
+UNIT, HOUNSFIELD = "unit", "hu"
 # inputs in [0, 1] are centred like ImageNet's grey level, which the pretrained first convolution expects
 GREY_MEAN, GREY_STD = 0.449, 0.226
 
@@ -156,19 +159,32 @@ def ensemble_steps(params: Mapping[str, Any], n_train: int) -> int:
 
 
 # ---- timm-regress: LDCT-IQA ---------------------------------------------------------------------------------------
-def ct_to_unit(values: np.ndarray) -> np.ndarray:
-    """A CT slice as [0, 1] float32: a slice already in [0, 1] (the release's windowed slices) is kept as it is;
-    anything else is taken as Hounsfield units and put through the soft-tissue window. Windowing an already
-    windowed slice would squeeze it into a few thousandths of the range (about a dozen grey levels under TF32)."""
+def ct_scale(slices: Sequence[np.ndarray]) -> str:
+    """How a data set's slices are stored, decided once from all of them: :data:`UNIT` when every value lies in
+    [0, 1] give or take :data:`UNIT_RANGE_OVERSHOOT` (the release's windowed slices), else :data:`HOUNSFIELD`. Deciding
+    per slice would window the one windowed slice that overshoots [0, 1] slightly, squeezing it into a few
+    thousandths of the range."""
+    low = min((float(np.min(s)) for s in slices if np.size(s)), default=0.0)
+    high = max((float(np.max(s)) for s in slices if np.size(s)), default=1.0)
+    return UNIT if low >= -UNIT_RANGE_OVERSHOOT and high <= 1 + UNIT_RANGE_OVERSHOOT else HOUNSFIELD
+
+
+def ct_to_unit(values: np.ndarray, scale: str) -> np.ndarray:
+    """A CT slice as [0, 1] float32 in the data set's ``scale`` (:func:`ct_scale`): windowed slices are clipped,
+    never windowed again (that would leave about a dozen grey levels under TF32); HU slices go through the
+    soft-tissue window."""
     values = np.asarray(values, dtype=np.float32)
-    if values.size and values.min() >= -UNIT_RANGE_TOLERANCE and values.max() <= 1 + UNIT_RANGE_TOLERANCE:
+    if scale == UNIT:
         return np.clip(values, 0.0, 1.0)
     low, high = HU_WINDOW
     return (np.clip(values, low, high) - low) / (high - low)
 
 
-def read_ldct_slice(path: Path) -> np.ndarray:
-    return ct_to_unit(read_image_2d(path, what="CT slice"))
+def read_ldct_slices(paths: Sequence[Path]) -> np.ndarray:
+    """The slices (N, H, W) in [0, 1], one mapping for all of them."""
+    raw = [read_image_2d(path, what="CT slice") for path in paths]
+    scale = ct_scale(raw)
+    return np.stack([ct_to_unit(values, scale) for values in raw])
 
 
 def read_training_scores(public_dir: Path) -> dict[str, float]:
@@ -216,15 +232,16 @@ class TimmRegress(Baseline):
         prepare_run(ctx)
         scores = read_training_scores(ctx.public_dir)
         ids = sorted(scores)
-        images = torch.from_numpy(np.stack([read_ldct_slice(ctx.public_dir / "train" / "images" / f"{i}.tif")
-                                            for i in ids]))[:, None]
+        test_ids = TestManifest.read(ctx.public_dir).ids
+        # one intensity mapping for the whole data set (train and test), decided from all of it
+        paths = [ctx.public_dir / "train" / "images" / f"{i}.tif" for i in ids]
+        paths += [ctx.public_dir / "test" / "images" / f"{i}.tif" for i in test_ids]
+        every = torch.from_numpy(read_ldct_slices(paths))[:, None]
+        images, test = every[:len(ids)], every[len(ids):]
         values = np.array([scores[i] for i in ids], dtype=np.float32)
         mean, std = float(values.mean()), float(values.std()) or 1.0
         targets = torch.from_numpy((values - mean) / std)[:, None]
         ctx.log(f"{len(ids)} training slices {tuple(images.shape[-2:])}, score {mean:.2f} +- {std:.2f}")
-        test_ids = TestManifest.read(ctx.public_dir).ids
-        test = torch.from_numpy(np.stack([read_ldct_slice(ctx.public_dir / "test" / "images" / f"{i}.tif")
-                                          for i in test_ids]))[:, None]
 
         def train(indices: np.ndarray, phases: int, label: str) -> torch.nn.Module:
             model = create_backbone(ctx.params, in_chans=1, num_classes=1, ctx=ctx)

@@ -18,6 +18,12 @@
 * **manifests**: the split manifests' checksums match the files, their digest matches the ids and
   ``prepared.json``, train and test ids are disjoint, ``test_manifest.json`` lists exactly the split's test ids (in
   order), and ``private/answers.csv`` has exactly one row per test id.
+* **regeneration** (synthetic data; :func:`check_regeneration`): the installed generators, run with what an agent
+  can know (each seed of :data:`REGENERATE_SEEDS` and the recorded one, the recorded cases and difficulty; the seed
+  alone as the generator seed, as before synthetic secrets, or mixed with an empty secret), do not reproduce the
+  private test labels: a problem when an attempt reproduces a case's answer together with its test inputs (images
+  never match by chance), or the answers of every test case when there are :data:`ALL_LABELS_MIN_CASES` or more
+  (coarse labels, such as scores in steps of 0.2, match between unrelated cases often, but not ten in a row).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import inspect
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,17 +43,32 @@ from rexmle_grade.grader import ANSWERS_CSV, TEST_MANIFEST, TestManifest, read_a
 from rexmle_grade.settings import TaskDirs
 from rexmle_grade.validation import summarise
 from rexmle_tasks.base import Task
-from rexmle_tasks.pipeline import DESCRIPTION, SAMPLE_SUBMISSION, SPLIT_MANIFEST, require_prepared
-from rexmle_tasks.splits import Split, file_checksums, sha256_file
+from rexmle_tasks.pipeline import (
+    DESCRIPTION,
+    SAMPLE_SUBMISSION,
+    SPLIT_MANIFEST,
+    PreparedInfo,
+    build_prepared,
+    generator_seed,
+    require_prepared,
+)
+from rexmle_tasks.splits import Split, file_checksums, make_split, sha256_file
 
 INDEX_SUFFIXES = (".csv", ".tsv", ".json", ".txt", ".yml", ".yaml")
 MAX_INDEX_BYTES = 16 * 1024 * 1024  # larger text files are data (e.g. polygons), not case lists
 _ID_FILES = (TEST_MANIFEST, SPLIT_MANIFEST, DESCRIPTION)
 _GRADING_FILE_NAMES = frozenset({ANSWERS_CSV, "task.yaml", "prepared.json"})
+#: the seeds :func:`check_regeneration` tries besides the recorded one (an agent's first guesses: the default and
+#: the next ones)
+REGENERATE_SEEDS = (0, 1, 2)
+#: from this many test cases on, all labels matching is a regeneration even without the inputs (coarse labels, e.g.
+#: scores in steps of 0.2, match between unrelated cases often, but not ten in a row)
+ALL_LABELS_MIN_CASES = 10
 
 
-def check_task(task: Task, dirs: TaskDirs) -> list[str]:
-    """Every leak or inconsistency found in ``task``'s prepared folders (see module docstring)."""
+def check_task(task: Task, dirs: TaskDirs, *, regenerate: bool = True) -> list[str]:
+    """Every leak or inconsistency found in ``task``'s prepared folders (see module docstring). ``regenerate=False``
+    leaves out :func:`check_regeneration` (views of an already checked preparation)."""
     info = require_prepared(task, dirs)
     split_doc, problems = _read_split_manifest(dirs.public)
     if split_doc is None:
@@ -59,8 +81,80 @@ def check_task(task: Task, dirs: TaskDirs) -> list[str]:
     problems += summarise(check_test_ids(dirs.public, split.test))
     problems += check_seed(dirs.public, task.meta.split.seed)
     problems += check_task_files(task, public_sums)
+    problems += check_known_issues(task, dirs.public)
     problems += _check_manifests(task, dirs, split, split_doc, info.split_digest, public_sums, private_sums)
+    if regenerate:
+        problems += check_regeneration(task, dirs, info, split)
     return problems
+
+
+def check_regeneration(task: Task, dirs: TaskDirs, info: PreparedInfo, split: Split,
+                       seeds: Sequence[int] = REGENERATE_SEEDS) -> list[str]:
+    """Regenerate a synthetic task from public information and the installed code (see module docstring)."""
+    if not info.synthetic or info.cases is None:
+        return []
+    family = task.family()
+    actual = answer_fingerprints(task, dirs.private)
+    inputs = input_fingerprints(dirs.public, actual)
+    extra = {"difficulty": info.difficulty} if info.difficulty not in (None, "easy") else {}
+    problems = []
+    for seed in sorted({*seeds, *([] if info.seed is None else [info.seed])}):
+        for guess, generator in (("the seed alone", seed), ("an empty secret", generator_seed(b"", seed))):
+            with tempfile.TemporaryDirectory(prefix="rexmle-regenerate-") as tmp:
+                raw, public, private = Path(tmp, "raw"), Path(tmp, "public"), Path(tmp, "private")
+                (raw / "downloads").mkdir(parents=True)
+                family.write_synthetic_download(raw / "downloads", cases=info.cases, seed=generator, **extra)
+                family.extract(raw / "downloads", raw)
+                public.mkdir()
+                private.mkdir()
+                # split as prepare_task splits: its test ids are the ones whose answers a forger would have
+                build_prepared(task, family, family.fixed_split(raw) or make_split(
+                    family.case_ids(raw), seed=task.meta.split.seed, test_fraction=task.meta.split.test_fraction,
+                    group_of=family.split_group), public, private, raw=raw)
+                again = answer_fingerprints(task, private)
+                inputs_again = input_fingerprints(public, again)
+            same = sorted(i for i in split.test if i in again and again[i] == actual.get(i))
+            with_inputs = [i for i in same if inputs.get(i) and inputs_again.get(i) == inputs[i]]
+            if with_inputs or len(same) == len(split.test) >= ALL_LABELS_MIN_CASES:
+                problems.append(
+                    f"regenerating the synthetic data with seed {seed} ({guess} as the generator seed) reproduces "
+                    f"the private labels of {len(same)} of {len(split.test)} test case(s)"
+                    f"{f' (and the inputs of {len(with_inputs)})' if with_inputs else ''}; prepare it again with "
+                    f"`rexmle prepare {task.id} --synthetic --force` (the mirror then gets a secret)")
+    return problems
+
+
+def input_fingerprints(public: Path, cases: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """{test id: sha256 of every test input file that names it}: images do not match by chance, so identical
+    inputs with identical labels are a regeneration even on a handful of cases."""
+    pattern = token_pattern(cases)
+    found: dict[str, list[str]] = {}
+    if pattern is None:
+        return {}
+    for path in sorted(public.rglob("*")):
+        rel = path.relative_to(public).as_posix()
+        if not path.is_file() or rel in _ID_FILES or _in_sample_submission(rel) or not may_name_test_ids(rel):
+            continue
+        hit = pattern.search(rel)
+        if hit:
+            found.setdefault(hit.group(0), []).append(sha256_file(path))
+    return {case: tuple(sums) for case, sums in found.items()}
+
+
+def answer_fingerprints(task: Task, private: Path) -> dict[str, tuple[str, ...]]:
+    """{test id: its answer columns}, a column naming a file under ``private/`` standing for that file's sha256."""
+    root = private.resolve()
+    fingerprints = {}
+    for case_id, row in read_answers(private, task.grader).items():
+        values = []
+        for column in task.grader.answer_columns:
+            value = row.get(column) or ""
+            path = (private / value).resolve() if value else None
+            if path is not None and path.is_relative_to(root) and path.is_file():
+                value = "sha256:" + sha256_file(path)
+            values.append(value)
+        fingerprints[case_id] = tuple(values)
+    return fingerprints
 
 
 # ---- the individual checks ----------------------------------------------------------------------------------
@@ -87,7 +181,7 @@ def check_private_copies(public_sums: Mapping[str, str], private_sums: Mapping[s
     for rel, digest in private_sums.items():
         by_hash.setdefault(digest, []).append(rel)
     empty = hashlib.sha256(b"").hexdigest()
-    names_train_case = _token_pattern(train_ids)
+    names_train_case = token_pattern(train_ids)
     problems = []
     for rel, digest in public_sums.items():
         if digest == empty or digest not in by_hash or _in_sample_submission(rel):
@@ -99,13 +193,13 @@ def check_private_copies(public_sums: Mapping[str, str], private_sums: Mapping[s
 
 
 def check_test_ids(public: Path, test_ids: Iterable[str]) -> list[str]:
-    pattern = _token_pattern(test_ids)
+    pattern = token_pattern(test_ids)
     if pattern is None:
         return []
     problems = []
     for path in sorted(public.rglob("*")):
         rel = path.relative_to(public).as_posix()
-        if not path.is_file() or _may_name_test_ids(rel):
+        if not path.is_file() or may_name_test_ids(rel):
             continue
         hit = pattern.search(rel)
         if hit:
@@ -149,6 +243,25 @@ def check_task_files(task: Task, public_sums: Mapping[str, str]) -> list[str]:
         elif "leaderboard" in name or name in _GRADING_FILE_NAMES:
             problems.append(f"public/{rel} is named like a grading file ({name}); it does not belong in public/")
     return problems
+
+
+def check_known_issues(task: Task, public: Path) -> list[str]:
+    """The task's known issues are for the people reading results; an agent told that test labels are public
+    upstream has been told where to look, so no text file in public/ may quote one."""
+    texts = [issue.text for issue in task.meta.known_issues]
+    problems = []
+    for path in sorted(public.rglob("*")):
+        if not texts or path.is_symlink() or not path.is_file() or path.suffix.lower() not in _TEXT_SUFFIXES \
+                or path.stat().st_size > _MAX_TEXT_BYTES:
+            continue
+        content = path.read_text(encoding="utf-8", errors="replace")
+        problems += [f"public/{path.relative_to(public).as_posix()} quotes the task's known issue {text[:60]!r}..."
+                     for text in texts if text in content]
+    return problems
+
+
+_TEXT_SUFFIXES = {".md", ".txt", ".json", ".yaml", ".yml", ".csv"}
+_MAX_TEXT_BYTES = 4 << 20  # description files are small; a large CSV of ids cannot hold a sentence worth scanning
 
 
 # ---- manifests ------------------------------------------------------------------------------------------------
@@ -209,7 +322,7 @@ def _compare_checksums(side: str, recorded: Mapping[str, str], actual: Mapping[s
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------
-def _token_pattern(ids: Iterable[str]) -> re.Pattern[str] | None:
+def token_pattern(ids: Iterable[str]) -> re.Pattern[str] | None:
     """Matches any of ``ids`` as a whole token: not inside a longer name or number (``D1`` is not in ``D10``)."""
     unique = sorted({i for i in ids if i}, key=len, reverse=True)
     if not unique:
@@ -217,7 +330,7 @@ def _token_pattern(ids: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile(r"(?<![A-Za-z0-9.])(?:" + "|".join(map(re.escape, unique)) + r")(?![A-Za-z0-9])")
 
 
-def _may_name_test_ids(rel: str) -> bool:
+def may_name_test_ids(rel: str) -> bool:
     parts = PurePosixPath(rel).parts
     if rel in _ID_FILES or parts[0] == SAMPLE_SUBMISSION:
         return True

@@ -124,6 +124,11 @@ def info_command(task_id: Annotated[str, typer.Argument(metavar="TASK", help="Ta
         rows.append(("prepared", f"{describe_source(info.source)} in {dirs.root}, {info.n_train} train / "
                                  f"{info.n_test} test, version {info.task_version}, at {info.prepared_at}"))
         rows.append(("split digest", info.split_digest))
+    if meta.changelog:
+        rows.append(("changelog", "\n".join(f"{e.version} ({e.date.isoformat()}): {e.changes}"
+                                             for e in meta.changelog)))
+    # for the user reading results, never for agents: task.yaml is not copied into public/
+    rows.append(("known issues", "\n".join(f"- [{i.kind}] {i.text}" for i in meta.known_issues) or "none recorded"))
     for key, value in rows:
         grid.add_row(key, Text(value))  # paths and notes are data, never markup
     _console().print(grid)
@@ -158,7 +163,9 @@ def prepare_command(
     ] = False,
     cases: Annotated[int | None, typer.Option(
         min=2, help="Synthetic only: number of labelled cases (default: the task's synthetic_cases).")] = None,
-    seed: Annotated[int, typer.Option(help="Synthetic only: seed of the synthetic mirror.")] = 0,
+    seed: Annotated[int, typer.Option(help=(
+        "Synthetic only: seed of the synthetic mirror, mixed with a secret drawn now and kept in private/ "
+        "($REXMLE_SYNTHETIC_SECRET pins the secret, for tests only)."))] = 0,
     difficulty: Annotated[str, typer.Option(
         help="Synthetic only: easy (clean contrasts, fast tests) or realistic (noise and bias fields, scanner "
              "variation, distractors, imbalance, small structures, label noise; ldct-iqa, isles22).")] = "easy",

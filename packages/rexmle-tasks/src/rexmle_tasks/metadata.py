@@ -116,6 +116,25 @@ class LeaderboardInfo(_Strict):
     notes: str = ""
 
 
+class ChangelogEntry(_Strict):
+    """One version of a task: what changed in its data, split, grading or board (newest first in task.yaml)."""
+
+    version: str
+    date: dt.date
+    changes: str
+
+
+KnownIssueKind = Literal["public-test-labels", "patient-isolation", "board", "grading"]
+
+
+class KnownIssue(_Strict):
+    """What a careful user of a task's results must know (shown by ``rexmle tasks info`` and in reports; kept out
+    of public/ and of everything an agent sees)."""
+
+    kind: KnownIssueKind
+    text: str
+
+
 class TaskMetadata(_Strict):
     id: str
     title: str
@@ -139,7 +158,13 @@ class TaskMetadata(_Strict):
     split: SplitSpec
     leaderboard: LeaderboardInfo | None = None
     synthetic_cases: int = Field(default=10, ge=4)
+    # GPU-hours of the published ("full") recipe of the task's preferred expert baseline on one GPU: a planning
+    # estimate (rexmle-baselines' README, "Times"), not a measurement. The lite split is chosen from it
+    # (rexmle_tasks.lite); None leaves the task out of the lite split.
+    full_baseline_gpu_hours: float | None = Field(default=None, gt=0)
     version: str
+    changelog: tuple[ChangelogEntry, ...] = ()
+    known_issues: tuple[KnownIssue, ...] = ()
 
     @field_validator("id")
     @classmethod
@@ -147,6 +172,13 @@ class TaskMetadata(_Strict):
         if not v or any(c not in "abcdefghijklmnopqrstuvwxyz0123456789-_" for c in v):
             raise ValueError("task ids use lower-case letters, digits, '-' and '_'")
         return v
+
+    @model_validator(mode="after")
+    def _changelog_names_the_version(self) -> TaskMetadata:
+        if self.changelog and self.changelog[0].version != self.version:
+            raise ValueError(f"the changelog's newest entry is version {self.changelog[0].version!r} but the task "
+                             f"is version {self.version!r}: add an entry for {self.version!r} at the top")
+        return self
 
 
 def load_metadata(path: Path) -> TaskMetadata:

@@ -6,15 +6,25 @@ swap and written last. A failed or interrupted run leaves the previous preparati
 half-written one.
 
 ``force``: a prepared task is prepared again from ``raw/``. ``raw/`` itself is replaced only when it holds another
-source than the one asked for (real vs synthetic, or other synthetic cases/seed), so forcing never throws away a
-matching multi-gigabyte download, also not one shared by a group of tasks.
+source than the one asked for (real vs synthetic, or other synthetic cases/seed/secret), so forcing never throws away
+a matching multi-gigabyte download, also not one shared by a group of tasks.
+
+Synthetic secret: the mirror's generators are seeded from ``--seed`` *and* a secret of 32 random bytes drawn when the
+mirror is written (:func:`generator_seed`), kept beside the raw data (``raw/.rexmle-synthetic-secret``) and in
+``private/synthetic-secret`` (both mode 0600), never in ``public/``, the package or the environment. Without it the
+installed generators plus the public seed would regenerate the test labels inside an agent's sandbox. The same
+secret and seed give byte-identical data; tests and reproducibility checks pin the secret with ``secret=`` or the
+``REXMLE_SYNTHETIC_SECRET`` environment variable (any non-empty text; never set it for real runs).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
+import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +44,10 @@ EXTRACTED_MARKER = ".rexmle-extracted.json"
 SAMPLE_SUBMISSION = "sample_submission"
 DESCRIPTION = "description.md"
 SPLIT_MANIFEST = "split_manifest.json"
+SYNTHETIC_SECRET = "synthetic-secret"  # in private/
+RAW_SECRET = ".rexmle-synthetic-secret"  # in raw/, beside the mirror it seeded
+SYNTHETIC_SECRET_ENV = "REXMLE_SYNTHETIC_SECRET"
+SECRET_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -146,17 +160,55 @@ def check_difficulty(task: Task, difficulty: str, *, synthetic: bool) -> None:
                              f"{', '.join(offered)})", hint="prepare it with --difficulty easy")
 
 
+def pinned_secret(secret: bytes | str | None = None) -> bytes | None:
+    """The synthetic secret a caller pinned: ``secret``, else ``$REXMLE_SYNTHETIC_SECRET``, else None (draw one)."""
+    if secret is None:
+        secret = os.environ.get(SYNTHETIC_SECRET_ENV) or None
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if secret is not None and not secret:
+        raise UserInputError("the synthetic secret is empty", hint=f"unset {SYNTHETIC_SECRET_ENV} or give it a value")
+    return secret
+
+
+def generator_seed(secret: bytes, seed: int) -> int:
+    """The seed handed to a family's synthetic generators: 256 bits of sha256 over the secret and ``--seed``."""
+    digest = hashlib.sha256(b"rexmle-synthetic\0" + secret + b"\0" + str(seed).encode()).digest()
+    return int.from_bytes(digest, "big")
+
+
+def read_secret(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
+def write_secret(path: Path, secret: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+    os.chmod(path, 0o600)  # an existing file keeps its mode on O_CREAT
+
+
 def acquire_raw(task: Task, dirs: TaskDirs, *, synthetic: bool, cases: int | None, seed: int,
-                force: bool, difficulty: str = "easy") -> None:
+                force: bool, difficulty: str = "easy", secret: bytes | str | None = None) -> None:
     """Fill ``raw/downloads`` (synthetic mirror or real download) and extract it, unless already done.
 
-    ``raw/`` holding another source is an error, or with ``force`` is wiped and acquired again.
+    ``raw/`` holding another source is an error, or with ``force`` is wiped and acquired again. A synthetic mirror
+    written without a secret, or with another one than a pinned ``secret``, counts as another source.
     """
     source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed, difficulty=difficulty)
+    pinned = pinned_secret(secret) if synthetic else None
     marker = dirs.raw / RAW_SOURCE_MARKER
     if marker.is_file():
         existing = json.loads(marker.read_text())
-        if existing != source:
+        stored = read_secret(dirs.raw / RAW_SECRET)
+        if existing == source and synthetic and (stored is None or (pinned is not None and stored != pinned)):
+            if not force:
+                made = "without a secret (forgeable from the public seed)" if stored is None else "with another secret"
+                raise UserInputError(f"{dirs.raw} holds {describe_source(source)} made {made}",
+                                     hint="add --force to write the mirror again")
+            log.warning("replacing the synthetic mirror in %s (its secret is missing or not the pinned one)", dirs.raw)
+            shutil.rmtree(dirs.raw)
+        elif existing != source:
             if not force:
                 raise UserInputError(
                     f"{dirs.raw} already holds {describe_source(existing)}, not {describe_source(source)}",
@@ -174,7 +226,9 @@ def acquire_raw(task: Task, dirs: TaskDirs, *, synthetic: bool, cases: int | Non
             # real names) where a later real download would take them for its own
             partial = reset_dir(dirs.raw / f"{DOWNLOADS}.partial")
             extra = {"difficulty": difficulty} if difficulty != "easy" else {}
-            family.write_synthetic_download(partial, cases=source["cases"], seed=seed, **extra)
+            drawn = pinned or secrets.token_bytes(SECRET_BYTES)
+            family.write_synthetic_download(partial, cases=source["cases"], seed=generator_seed(drawn, seed), **extra)
+            write_secret(dirs.raw / RAW_SECRET, drawn)
             if downloads.exists():
                 shutil.rmtree(downloads)
             partial.rename(downloads)
@@ -197,9 +251,10 @@ def describe_source(source: dict[str, Any]) -> str:
 
 
 def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: int | None = None, seed: int = 0,
-                 force: bool = False, difficulty: str = "easy") -> PreparedInfo:
+                 force: bool = False, difficulty: str = "easy", secret: bytes | str | None = None) -> PreparedInfo:
     """Prepare ``task`` into ``dirs`` (see module docstring). Returns the existing preparation unless ``force``.
-    ``difficulty``: of the synthetic mirror (:data:`rexmle_tasks.base.DIFFICULTIES`)."""
+    ``difficulty``: of the synthetic mirror (:data:`rexmle_tasks.base.DIFFICULTIES`). ``secret``: pins the
+    synthetic secret (tests and reproducibility checks only; default ``$REXMLE_SYNTHETIC_SECRET``, else drawn)."""
     check_difficulty(task, difficulty, synthetic=synthetic)
     existing = prepared_info(dirs)
     source = requested_source(task, synthetic=synthetic, cases=cases, seed=seed, difficulty=difficulty)
@@ -210,8 +265,13 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
                 f"{describe_source(source)}",
                 hint="add --force to prepare it again",
             )
+        pinned = pinned_secret(secret) if synthetic else None
+        if pinned is not None and read_secret(dirs.private / SYNTHETIC_SECRET) != pinned:
+            raise UserInputError(f"task {task.id!r} is already prepared from synthetic data made with another secret",
+                                 hint="add --force to prepare it again")
         return existing
-    acquire_raw(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force, difficulty=difficulty)
+    acquire_raw(task, dirs, synthetic=synthetic, cases=cases, seed=seed, force=force, difficulty=difficulty,
+                secret=secret)
     family = task.family()
     ids = family.case_ids(dirs.raw)
     if len(ids) < 2:
@@ -222,6 +282,8 @@ def prepare_task(task: Task, dirs: TaskDirs, *, synthetic: bool = False, cases: 
     public_tmp = reset_dir(dirs.root / "public.partial")
     private_tmp = reset_dir(dirs.root / "private.partial")
     try:
+        if synthetic:  # first, so that the private split manifest lists it
+            write_secret(private_tmp / SYNTHETIC_SECRET, read_secret(dirs.raw / RAW_SECRET) or b"")
         build_prepared(task, family, split, public_tmp, private_tmp, raw=dirs.raw)
     except BaseException:
         shutil.rmtree(public_tmp, ignore_errors=True)

@@ -6,22 +6,36 @@ their inputs into the test inputs the agent must predict. Every candidate submis
 cases and the K selection cases; the harness grades it on the selection cases with the task's own grader (to pick
 the final node) and the final submission on the real test cases only (the task's grade).
 
-Nothing in the graders changes; the split is pure data. Under ``<data>/<task>/selection-<k>/``::
+Nothing in the graders changes; the split is pure data. Under ``<data>/<task>/selection-<k>-<folder id>/``::
 
     agent/public/    what the agent sees: train minus the K groups; test inputs = real test + selection cases
     agent/private/   answers of all those test inputs (never given to the agent)
     agent/prepared.json  the preparation record of the agent view, so :func:`rexmle_tasks.check.check_task` runs on it
     select/{public,private}  grading view of the selection cases: test manifest, sample submission, answers
     test/{public,private}    grading view of the real test cases (the final grade)
-    selection.json   what was built: task version, the task's split digest, k, the ids
+    selection.json   what was built: task version, the task's split digest, k, the names and the cases behind them
 
-Which groups: the task's training groups sorted by ``sha256(f"{split seed}:selection:{k}:{group}")``; the first
-``k`` form the selection split. Deterministic, never random, and independent of the machine.
+A secret decides everything an agent could otherwise compute: the harness draws 32 random bytes per run (kept in
+the run folder, never in the workspace; :data:`SELECTION_SECRET_FILE`) and passes them in. The folder id is a keyed
+hash of the secret. Which groups: the training groups sorted by ``HMAC(secret, group)``; the first ``k`` form the
+selection split.
 
-The agent view is prepared by the family's own ``prepare`` from ``raw/`` with the split
-(train minus the K groups, test plus their cases), so the selection inputs look exactly like test inputs and keep
-their case ids. The folder is built aside and swapped in whole (like :func:`rexmle_tasks.pipeline.prepare_task`),
-and reused while the task's preparation (version, split) and ``k`` are unchanged.
+Telling the selection inputs apart: the split rule and seed ship with the package, so an agent that sees every case
+id computes which of its inputs are the real test cases. So the *names* of the test inputs are shuffled: the agent
+view shows the same set of test-input ids as an unshuffled one, but which case's data sits under which id is a
+secret permutation (within ids of one shape, digits aside, so that e.g. a metastatic ROI keeps a metastatic name). A
+prediction made under an id is graded against the answer of the case shown under it; ``selection_ids`` and
+``test_ids`` are ids as the agent sees them. The test inputs are copied afresh in the order of their new names
+(inode numbers, creation and directory order follow the names) and every file and folder of ``agent/public`` gets
+one fixed modification time; the manifest, sample submission, description and split manifest are written from the
+shuffled names. What is left is the data itself: a case whose content differs in kind (an official test set from
+another source, an id the only one of its shape, an id written inside an image header) can still be recognised.
+
+The agent view is prepared by the family's own ``prepare`` from ``raw/`` with the split (train minus the K groups,
+test plus their cases) into a staging folder, then published under the shuffled names. The folder is built aside and
+swapped in whole (like :func:`rexmle_tasks.pipeline.prepare_task`), and reused while the task's preparation (version,
+split), ``k`` and the secret are unchanged. Each run holds its own folder (a copy of the public data): delete
+``selection-*`` folders of finished runs to reclaim the space.
 """
 
 from __future__ import annotations
@@ -30,10 +44,13 @@ import csv
 import dataclasses
 import datetime as dt
 import hashlib
+import hmac
 import io
 import json
 import logging
 import os
+import re
+import secrets
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -42,21 +59,25 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rexmle_grade.errors import ConfigurationError, TaskDataMissingError, UserInputError
-from rexmle_grade.grader import ANSWERS_CSV, Grader, TestManifest
+from rexmle_grade.grader import ANSWERS_CSV, TEST_MANIFEST, Grader, TestManifest
 from rexmle_grade.schema import SUBMISSION_CSV
 from rexmle_grade.settings import TaskDirs
 from rexmle_grade.targets import GradingTarget
 from rexmle_tasks.base import Task, reset_dir
+from rexmle_tasks.check import INDEX_SUFFIXES, may_name_test_ids, token_pattern
 from rexmle_tasks.grading import resolve_grading_target
 from rexmle_tasks.pipeline import (
+    DESCRIPTION,
     EXTRACTED_MARKER,
     PREPARED_MARKER,
     SAMPLE_SUBMISSION,
+    SPLIT_MANIFEST,
     PreparedInfo,
     build_prepared,
     require_prepared,
     swap_in,
     task_dirs,
+    write_split_manifests,
 )
 from rexmle_tasks.registry import get_task
 from rexmle_tasks.splits import Split, make_split
@@ -65,6 +86,11 @@ log = logging.getLogger(__name__)
 
 SELECTION_MARKER = "selection.json"
 AGENT, SELECT, TEST = "agent", "select", "test"
+SECRET_BYTES = 32
+#: where the harness keeps a run's selection secret: in the run folder, which no sandbox mounts
+SELECTION_SECRET_FILE = "selection-secret"
+#: the modification time of every file and folder of an agent view (2000-01-01 UTC): no write order shows
+FIXED_MTIME = 946_684_800
 
 
 @dataclass(frozen=True)
@@ -76,9 +102,11 @@ class SelectionRecord:
     k: int
     split_digest: str  # the task's ordinary split
     selection_digest: str  # the agent view's split (train minus the K groups, test plus their cases)
-    selection_ids: tuple[str, ...]
+    selection_ids: tuple[str, ...]  # as the agent sees them (shuffled names)
     test_ids: tuple[str, ...]
     created_at: str
+    secret_digest: str  # sha256 of the secret the folder was built with
+    cases: dict[str, str]  # shown name -> the case whose data it carries
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "selection_ids": list(self.selection_ids),
@@ -100,7 +128,7 @@ class SelectionSplit:
 
     ``selection`` ranks against the task's human leaderboard like any target, but a rank computed on K *training*
     cases is only an internal score for choosing among candidates: never report it as the task's result. ``test``
-    is the final grade: its case ids and answers are those of the ordinary prepared task.
+    is the final grade: the real test cases' answers, under the names the agent saw their data by.
     """
 
     task_id: str
@@ -109,8 +137,12 @@ class SelectionSplit:
     agent_public: Path
     selection: GradingTarget
     test: GradingTarget
-    selection_ids: tuple[str, ...]
-    test_ids: tuple[str, ...]
+    selection_ids: tuple[str, ...]  # the names the agent sees the selection cases' data under
+    test_ids: tuple[str, ...]  # and the real test cases'
+    cases: dict[str, str]  # shown name -> the case whose data it carries (never for the agent)
+
+    def case_of(self, name: str) -> str:
+        return self.cases[name]
 
     @property
     def agent_private(self) -> Path:
@@ -118,39 +150,64 @@ class SelectionSplit:
         return self.root / AGENT / "private"
 
 
-def selection_root(dirs: TaskDirs, k: int) -> Path:
-    return dirs.root / f"selection-{k}"
+def new_secret() -> bytes:
+    return secrets.token_bytes(SECRET_BYTES)
 
 
-def selection_groups(groups: Iterable[str], *, seed: int, k: int) -> list[str]:
-    """The ``k`` groups carved out of ``groups`` (sorted by their hash with the split seed and ``k``)."""
-    return sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}:selection:{k}:{g}".encode()).hexdigest())[:k]
+def _keyed(secret: bytes, purpose: str, value: str) -> str:
+    return hmac.new(secret, f"{purpose}\0{value}".encode(), hashlib.sha256).hexdigest()
 
 
-def prepare_selection(task_id: str, k: int, data_root: Path | None = None, *, force: bool = False) -> SelectionSplit:
-    """Build (or reuse) the selection split of a prepared task with ``k`` held-out training groups.
+def _secret_digest(secret: bytes) -> str:
+    return hashlib.sha256(secret).hexdigest()
+
+
+def selection_root(dirs: TaskDirs, k: int, secret: bytes) -> Path:
+    return dirs.root / f"selection-{k}-{_keyed(secret, 'folder', '')[:16]}"
+
+
+def selection_groups(groups: Iterable[str], *, secret: bytes, k: int) -> list[str]:
+    """The ``k`` groups carved out of ``groups`` (sorted by their keyed hash under the secret and ``k``)."""
+    return sorted(set(groups), key=lambda g: _keyed(secret, f"group:{k}", g))[:k]
+
+
+def shuffled_names(case_ids: Iterable[str], secret: bytes) -> dict[str, str]:
+    """{case: the name its data is shown under}: a secret permutation of ``case_ids`` within ids of one shape (the
+    id with every run of digits read as one ``#``)."""
+    shapes: dict[str, list[str]] = {}
+    for case_id in sorted(set(case_ids)):
+        shapes.setdefault(re.sub(r"[0-9]+", "#", case_id), []).append(case_id)
+    names = {}
+    for members in shapes.values():
+        names.update(zip(members, sorted(members, key=lambda i: _keyed(secret, "name", i)), strict=True))
+    return names
+
+
+def prepare_selection(task_id: str, k: int, data_root: Path | None = None, *, secret: bytes | None = None,
+                      force: bool = False) -> SelectionSplit:
+    """Build (or reuse) the selection split of a prepared task with ``k`` held-out training groups, drawn with
+    ``secret`` (the harness passes its run's; None: a fresh one, so every call gets another split).
 
     Raises UnknownNameError for an unknown task, TaskDataMissingError when the task is not prepared (or its
     preparation is stale or its ``raw/`` gone), UserInputError for a ``k`` that is not in ``1 .. groups - 1``, and
     ConfigurationError for a task whose answers cannot be restricted to a subset of cases.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise UserInputError(f"the number of selection cases must be a whole number >= 1, not {k!r}",
-                             hint="pass --selection-cases K with K >= 1, or leave the option out")
-    task = get_task(task_id)
-    dirs = task_dirs(task, data_root)
-    info = require_prepared(task, dirs)
-    ordinary = resolve_grading_target(task_id, data_root)  # also refuses a preparation of another task version
-    root = selection_root(dirs, k)
+    task, dirs, info, ordinary = _requested(task_id, k, data_root)
+    secret = new_secret() if secret is None else secret
+    if len(secret) < 16:
+        raise UserInputError(f"a selection secret of {len(secret)} byte(s) can be guessed",
+                             hint=f"draw it with rexmle_tasks.selection.new_secret() ({SECRET_BYTES} bytes)")
+    root = selection_root(dirs, k, secret)
+    split, agent_split, selection_ids = _carve(task, dirs, info, k, secret)  # refuses before anything is written
     with _locked(root):
         record = SelectionRecord.read(root / SELECTION_MARKER)
         if (not force and record is not None and record.task_version == task.meta.version
-                and record.split_digest == info.split_digest and record.k == k):
+                and record.split_digest == info.split_digest and record.k == k
+                and record.secret_digest == _secret_digest(secret)):
             return _selection_split(task, ordinary, root, record)
-        split, agent_split, selection_ids = _carve(task, dirs, info, k)
         partial = reset_dir(root.with_name(root.name + ".partial"))
         try:
-            record = _build_selection(task, dirs, info, k, split, agent_split, selection_ids, partial)
+            record = _build_selection(task, dirs, info, k, split, agent_split, selection_ids, partial, secret)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -158,9 +215,28 @@ def prepare_selection(task_id: str, k: int, data_root: Path | None = None, *, fo
     return _selection_split(task, ordinary, root, record)
 
 
+def check_selection_request(task_id: str, k: int, data_root: Path | None = None) -> None:
+    """What :func:`prepare_selection` would refuse, found without building anything (a run checks this when it is
+    planned; the split itself is drawn when the run starts)."""
+    task, dirs, info, _ = _requested(task_id, k, data_root)
+    _carve(task, dirs, info, k, new_secret())
+    _check_restrictable(task.grader, dirs.private)
+
+
+def _requested(task_id: str, k: int, data_root: Path | None) -> tuple[Task, TaskDirs, PreparedInfo, GradingTarget]:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise UserInputError(f"the number of selection cases must be a whole number >= 1, not {k!r}",
+                             hint="pass --selection-cases K with K >= 1, or leave the option out")
+    task = get_task(task_id)
+    dirs = task_dirs(task, data_root)
+    info = require_prepared(task, dirs)
+    ordinary = resolve_grading_target(task_id, data_root)  # also refuses a preparation of another task version
+    return task, dirs, info, ordinary
+
+
 @contextmanager
 def _locked(root: Path) -> Iterator[None]:
-    """Runs of one batch start together and ask for the same split: one builds it, the others wait and reuse it."""
+    """A run and its resumed attempt (or a regrade) ask for the same split: one builds it, the other reuses it."""
     import fcntl
 
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +248,8 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _carve(task: Task, dirs: TaskDirs, info: PreparedInfo, k: int) -> tuple[Split, Split, tuple[str, ...]]:
+def _carve(task: Task, dirs: TaskDirs, info: PreparedInfo, k: int,
+           secret: bytes) -> tuple[Split, Split, tuple[str, ...]]:
     """(the task's split, the agent view's split, the selection ids), after checking that raw/ still holds the
     data the task was prepared from."""
     if not (dirs.raw / EXTRACTED_MARKER).is_file():
@@ -193,7 +270,7 @@ def _carve(task: Task, dirs: TaskDirs, info: PreparedInfo, k: int) -> tuple[Spli
             f"{task.id!r} has {len(groups)} training group(s); {k} selection group(s) would leave "
             f"{len(groups) - k} for training",
             hint=f"choose --selection-cases between 1 and {len(groups) - 1}")
-    chosen = set(selection_groups(groups, seed=task.meta.split.seed, k=k))
+    chosen = set(selection_groups(groups, secret=secret, k=k))
     selection_ids = tuple(i for i in split.train if family.split_group(i) in chosen)
     agent_split = Split(train=tuple(i for i in split.train if family.split_group(i) not in chosen),
                         test=tuple(sorted((*split.test, *selection_ids))))
@@ -201,21 +278,28 @@ def _carve(task: Task, dirs: TaskDirs, info: PreparedInfo, k: int) -> tuple[Spli
 
 
 def _build_selection(task: Task, dirs: TaskDirs, info: PreparedInfo, k: int, split: Split, agent_split: Split,
-                     selection_ids: tuple[str, ...], out: Path) -> SelectionRecord:
+                     selection_ids: tuple[str, ...], out: Path, secret: bytes) -> SelectionRecord:
     agent_public, agent_private = out / AGENT / "public", out / AGENT / "private"
-    agent_public.mkdir(parents=True)
-    agent_private.mkdir()
+    staging_public, staging_private = out / "staging" / "public", out / "staging" / "private"
+    for folder in (agent_public, agent_private, staging_public, staging_private):
+        folder.mkdir(parents=True)
     log.info("preparing %s with %d selection case(s) held out of training", task.id, len(selection_ids))
-    build_prepared(task, task.family(), agent_split, agent_public, agent_private, raw=dirs.raw)
+    build_prepared(task, task.family(), agent_split, staging_public, staging_private, raw=dirs.raw)
+    names = shuffled_names(agent_split.test, secret)
+    publish_shuffled(task, agent_split, names, staging_public, staging_private, agent_public, agent_private)
+    shutil.rmtree(out / "staging")
     agent_info = dataclasses.replace(info, n_train=len(agent_split.train), n_test=len(agent_split.test),
                                      split_digest=agent_split.digest, prepared_at=_now())
     (out / AGENT / PREPARED_MARKER).write_text(json.dumps(agent_info.to_json(), indent=1) + "\n")
     grader = task.grader
-    for view, ids in ((SELECT, selection_ids), (TEST, split.test)):
+    shown_selection = tuple(sorted(names[i] for i in selection_ids))
+    shown_test = tuple(sorted(names[i] for i in split.test))
+    for view, ids in ((SELECT, shown_selection), (TEST, shown_test)):
         restrict_view(grader, agent_public, agent_private, ids, out / view / "public", out / view / "private")
     record = SelectionRecord(task_id=task.id, task_version=task.meta.version, k=k, split_digest=info.split_digest,
-                             selection_digest=agent_split.digest, selection_ids=selection_ids, test_ids=split.test,
-                             created_at=_now())
+                             selection_digest=agent_split.digest, selection_ids=shown_selection, test_ids=shown_test,
+                             created_at=_now(), secret_digest=_secret_digest(secret),
+                             cases={shown: case for case, shown in sorted(names.items(), key=lambda kv: kv[1])})
     (out / SELECTION_MARKER).write_text(json.dumps(record.to_json(), indent=1) + "\n")
     return record
 
@@ -226,7 +310,98 @@ def _selection_split(task: Task, ordinary: GradingTarget, root: Path, record: Se
 
     return SelectionSplit(task_id=task.id, k=record.k, root=root, agent_public=root / AGENT / "public",
                           selection=view(SELECT), test=view(TEST), selection_ids=record.selection_ids,
-                          test_ids=record.test_ids)
+                          test_ids=record.test_ids, cases=dict(record.cases))
+
+
+# ---- the agent view under shuffled names ---------------------------------------------------------------------
+def publish_shuffled(task: Task, split: Split, names: dict[str, str], staging_public: Path, staging_private: Path,
+                     public: Path, private: Path) -> None:
+    """Publish a prepared ``staging_public``/``staging_private`` (test inputs ``split.test``) into the empty
+    ``public``/``private`` with each test case's data under ``names[case]`` (see module docstring)."""
+    pattern = token_pattern(names)
+    framework = {TEST_MANIFEST, SPLIT_MANIFEST, DESCRIPTION}
+
+    def shown(rel: str) -> str:
+        if pattern is None or not may_name_test_ids(rel):
+            return rel
+        return "/".join(pattern.sub(lambda hit: names[hit.group(0)], part) for part in rel.split("/"))
+
+    placed: dict[str, Path] = {}
+    for path in sorted(staging_public.rglob("*")):
+        rel = path.relative_to(staging_public).as_posix()
+        if path.is_dir() or rel in framework or PurePosixPath(rel).parts[0] == SAMPLE_SUBMISSION:
+            continue
+        new = shown(rel)
+        if new in placed:
+            raise ConfigurationError(f"public/{rel} and public/{placed[new].relative_to(staging_public)} would both "
+                                     f"be shown as {new}", hint="this task does not support --selection-cases yet")
+        placed[new] = path
+    for new, path in sorted(placed.items()):  # fresh files, made in the order of their new names
+        target = public / new
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if new == path.relative_to(staging_public).as_posix() and not may_name_test_ids(new):
+            path.rename(target)  # a training file: nothing about the test inputs in where or when it was made
+        elif path.suffix.lower() in INDEX_SUFFIXES:
+            target.write_text(_renamed_text(path, pattern, names), encoding="utf-8")
+        else:
+            shutil.copyfile(path, target)
+    manifest = TestManifest.read(staging_public)
+    shuffled = TestManifest(ids=tuple(sorted(names[i] for i in manifest.ids)),
+                            geometry={names[i]: g for i, g in manifest.geometry.items()})
+    shuffled.write(public)
+    task.grader.write_sample_submission(public, public / SAMPLE_SUBMISSION)
+    from rexmle_tasks.description import render_description
+
+    (public / DESCRIPTION).write_text(render_description(task, shuffled, n_train=len(split.train)))
+    _shuffled_answers(task.grader, staging_private, private, names)
+    write_split_manifests(task, split, public, private)
+    for folder, dirnames, filenames in os.walk(public, topdown=False):
+        for name in (*filenames, *dirnames, ""):
+            os.utime(os.path.join(folder, name) if name else folder, (FIXED_MTIME, FIXED_MTIME))
+
+
+def _renamed_text(path: Path, pattern: re.Pattern[str] | None, names: dict[str, str]) -> str:
+    """A test input's index file with the names shown; one listing several test cases is refused, as its order
+    would give the shuffle away."""
+    text = path.read_text(encoding="utf-8")
+    if pattern is None:
+        return text
+    mentioned = {hit.group(0) for hit in pattern.finditer(text)}
+    if len(mentioned) > 1:
+        raise ConfigurationError(f"{path.name} lists {len(mentioned)} test cases; its order would tell which case "
+                                 "is shown under which name", hint="this task does not support --selection-cases yet")
+    return pattern.sub(lambda hit: names[hit.group(0)], text)
+
+
+def _shuffled_answers(grader: Grader, staging: Path, private: Path, names: dict[str, str]) -> None:
+    """The staging answers under the shown names (the label files keep theirs: the agent never sees them)."""
+    for path in sorted(staging.rglob("*")):
+        if path.is_file() and path.relative_to(staging).as_posix() not in (ANSWERS_CSV, SPLIT_MANIFEST):
+            target = private / path.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.rename(target)
+    with (staging / ANSWERS_CSV).open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header, rows = list(reader.fieldnames or ()), list(reader)
+    id_column = grader.schema.id_column
+    for row in rows:
+        row[id_column] = names[row[id_column]]
+    with (private / ANSWERS_CSV).open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(sorted(rows, key=lambda r: r[id_column]))
+
+
+def _check_restrictable(grader: Grader, private: Path) -> None:
+    with (private / ANSWERS_CSV).open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    for column in grader.answer_columns:
+        files = [r.get(column) or "" for r in rows]
+        files = [f for f in files if f and (private / f).is_file()]
+        if len(files) != len(set(files)):
+            raise ConfigurationError(
+                f"{grader.grader_id!r} keeps the answers of several cases in one file ({column}), so its answers "
+                "cannot be restricted to a subset of cases", hint="this task does not support --selection-cases yet")
 
 
 # ---- restricted views ---------------------------------------------------------------------------------------------
@@ -355,7 +530,7 @@ def check_selection(selection: SelectionSplit) -> list[str]:
     task = get_task(selection.task_id)
     raw = task_dirs(task, selection.root.parent.parent).raw
     problems = check_task(task, TaskDirs(root=selection.root / AGENT, raw=raw, public=selection.agent_public,
-                                         private=selection.agent_private))
+                                         private=selection.agent_private), regenerate=False)
     split_doc = json.loads((selection.agent_public / "split_manifest.json").read_text())
     as_train = sorted(set(selection.selection_ids) & set(split_doc.get("train_ids", ())))
     if as_train:

@@ -14,7 +14,14 @@ from rexmle_grade.settings import TaskDirs
 from rexmle_tasks import base, registry
 from rexmle_tasks.check import check_task
 from rexmle_tasks.metadata import DataSource, RemoteFile
-from rexmle_tasks.pipeline import PREPARED_MARKER, SPLIT_MANIFEST, prepare_task, prepared_info, task_dirs
+from rexmle_tasks.pipeline import (
+    PREPARED_MARKER,
+    SPLIT_MANIFEST,
+    generator_seed,
+    prepare_task,
+    prepared_info,
+    task_dirs,
+)
 
 
 @pytest.fixture
@@ -91,7 +98,7 @@ def test_prepare_options_are_checked(toy, data_dir: Path, capsys) -> None:
 def test_real_prepare_downloads_from_zenodo(toy, zenodo, data_dir: Path, tmp_path: Path, capsys) -> None:
     synthetic = tmp_path / "synthetic-downloads"
     synthetic.mkdir()
-    toy.task.family().write_synthetic_download(synthetic, cases=10, seed=0)
+    toy.task.family().write_synthetic_download(synthetic, cases=10, seed=generator_seed(TWIN_SECRET, 0))
     zenodo.add_record("424242", {"toy_data.zip": (synthetic / "toy_data.zip").read_bytes()})
     code, _, err = run(capsys, "prepare", "toy-task")
     assert code == 0, err
@@ -100,7 +107,7 @@ def test_real_prepare_downloads_from_zenodo(toy, zenodo, data_dir: Path, tmp_pat
     assert zenodo.file_requests("424242", "toy_data.zip") == [None]
     assert check_task(toy.task, task_dirs(toy.task)) == []
     # the real path gives what the synthetic path gives from the same archive
-    twin = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "twin"), synthetic=True)
+    twin = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "twin"), synthetic=True, secret=TWIN_SECRET)
     assert twin.split_digest == real.split_digest
 
 
@@ -125,6 +132,7 @@ def test_prepare_all_goes_on_after_a_failure(toy, zenodo, data_dir: Path, tmp_pa
 # ---- a real family, end to end through the real-data path -----------------------------------------------------
 REAL_FAMILY_TASKS = ["topcow-track1-task1", "isles22"]
 REAL_FAMILY_CASES = 4  # the fewest a mirror makes; enough for a split
+TWIN_SECRET = b"test-secret-of-the-synthetic-twin"
 
 
 @pytest.mark.parametrize("task_id", REAL_FAMILY_TASKS)
@@ -141,7 +149,8 @@ def test_real_family_prepares_unchanged_from_a_zenodo_download(task_id: str, zen
         pytest.skip(f"the family or grader of {task_id} is not written yet")
     synthetic = tmp_path / "synthetic-downloads"
     synthetic.mkdir()
-    task.family().write_synthetic_download(synthetic, cases=REAL_FAMILY_CASES, seed=0)
+    # the mirror prepare_task writes with a pinned secret, so that the synthetic twin below is the same data
+    task.family().write_synthetic_download(synthetic, cases=REAL_FAMILY_CASES, seed=generator_seed(TWIN_SECRET, 0))
     files = {p.name: p.read_bytes() for p in sorted(synthetic.iterdir())}
     zenodo.add_record("100001", files)
     # the task's real data sources, pointed at the loopback record (its pinned checksums are the real archives')
@@ -156,7 +165,7 @@ def test_real_family_prepares_unchanged_from_a_zenodo_download(task_id: str, zen
     assert real is not None and not real.synthetic
     assert check_task(mirrored, dirs) == []
     twin_dirs = task_dirs(mirrored, tmp_path / "twin")
-    twin = prepare_task(mirrored, twin_dirs, synthetic=True, cases=REAL_FAMILY_CASES)
+    twin = prepare_task(mirrored, twin_dirs, synthetic=True, cases=REAL_FAMILY_CASES, secret=TWIN_SECRET)
     assert twin.split_digest == real.split_digest
     assert sorted(p.relative_to(dirs.public) for p in dirs.public.rglob("*")) == \
         sorted(p.relative_to(twin_dirs.public) for p in twin_dirs.public.rglob("*"))

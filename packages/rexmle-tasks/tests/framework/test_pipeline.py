@@ -185,12 +185,14 @@ def test_prepare_writes_public_private_and_manifests(toy, tmp_path: Path) -> Non
     assert not list(dirs.root.glob("*.partial"))
 
 
-def test_prepare_is_deterministic(toy, tmp_path: Path) -> None:
-    a = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "a"), synthetic=True, seed=5)
-    b = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "b"), synthetic=True, seed=5)
-    assert a.split_digest == b.split_digest
+def test_prepare_is_deterministic_for_a_secret_and_seed(toy, tmp_path: Path) -> None:
+    a = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "a"), synthetic=True, seed=5, secret=b"pinned")
+    b = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "b"), synthetic=True, seed=5, secret=b"pinned")
+    c = prepare_task(toy.task, task_dirs(toy.task, tmp_path / "c"), synthetic=True, seed=5)  # a drawn secret
+    assert a.split_digest == b.split_digest == c.split_digest  # the split hangs on the case ids only
     archive = Path("raw", "downloads", "toy_data.zip")
-    assert (tmp_path / "a" / "toy-task" / archive).read_bytes() == (tmp_path / "b" / "toy-task" / archive).read_bytes()
+    data = {name: (tmp_path / name / "toy-task" / archive).read_bytes() for name in "abc"}
+    assert data["a"] == data["b"] != data["c"]
 
 
 def test_prepared_task_is_reused_and_a_different_request_needs_force(toy, tmp_path: Path) -> None:

@@ -1,10 +1,12 @@
-"""The held-out selection split (``rexmle_tasks.selection``): carving, the agent view's leak checks, the grading
-views and ``restrict_submission``, on real families (2-D, 3-D, grouped) and on the framework's toy task."""
+"""The held-out selection split (``rexmle_tasks.selection``): carving with a secret, the shuffled names, the agent
+view's leak checks, the grading views and ``restrict_submission``, on real families (2-D, 3-D, grouped) and on the
+framework's toy task."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import hmac
 import json
 import subprocess
 import sys
@@ -22,26 +24,32 @@ from rexmle_grade.schema import SUBMISSION_CSV
 from rexmle_grade.targets import GradingTarget
 from rexmle_tasks import base
 from rexmle_tasks.base import PrepareContext, Task
+from rexmle_tasks.check import answer_fingerprints, token_pattern
 from rexmle_tasks.grading import resolve_grading_target
-from rexmle_tasks.pipeline import PreparedInfo, prepare_task, task_dirs
+from rexmle_tasks.pipeline import PreparedInfo, build_prepared, prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
 from rexmle_tasks.selection import (
+    FIXED_MTIME,
     SELECTION_MARKER,
     SelectionSplit,
     check_selection,
     prepare_selection,
+    publish_shuffled,
     restrict_submission,
     restrict_view,
     selection_groups,
+    shuffled_names,
 )
-from rexmle_tasks.splits import file_checksums
+from rexmle_tasks.splits import Split, file_checksums
 
 from .conftest import ToyFamily, ToyGrader
+from .selection_guesses import guesses
 
 #: (task, synthetic cases, k): a 2-D task with an official test set (fixed split), a 3-D one, one whose family
 #: groups cases (TopCoW splits by patient). ldct-iqa's correlations need several distinct scores: k=4.
 TASKS = [("ldct-iqa", 12, 4), ("isles22", 6, 2), ("topcow-track1-task1", 6, 2)]
 TASK_IDS = [t for t, _, _ in TASKS]
+SECRET = b"selection-secret-of-these-tests!"  # the harness draws one per run; pinned here to reuse the folders
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
             task = get_task(task_id)
             info = prepare_task(task, task_dirs(task, root), synthetic=True, cases=cases)
             cache[task_id] = Built(task, info, resolve_grading_target(task_id, root),
-                                   prepare_selection(task_id, k, root), root)
+                                   prepare_selection(task_id, k, root, secret=SECRET), root)
         return cache[task_id]
 
     return get
@@ -94,11 +102,15 @@ def test_selection_cases_leave_training_and_join_the_test_inputs(built, task_id:
     b = built(task_id)
     s = b.selection
     ordinary_doc, agent_doc = _split_doc(b.ordinary.public_dir), _split_doc(s.agent_public)
-    assert len(s.selection_ids) >= s.k
-    assert set(s.selection_ids) <= set(ordinary_doc["train_ids"])  # carved from the agent's training data
-    assert not set(s.selection_ids) & set(agent_doc["train_ids"])
-    assert agent_doc["train_ids"] == sorted(set(ordinary_doc["train_ids"]) - set(s.selection_ids))
-    assert list(TestManifest.read(s.agent_public).ids) == sorted({*s.test_ids, *s.selection_ids})
+    carved = {s.case_of(name) for name in s.selection_ids}
+    assert len(carved) >= s.k
+    assert carved <= set(ordinary_doc["train_ids"])  # carved from the agent's training data
+    assert {s.case_of(name) for name in s.test_ids} == set(ordinary_doc["test_ids"])
+    assert not carved & set(agent_doc["train_ids"])
+    assert agent_doc["train_ids"] == sorted(set(ordinary_doc["train_ids"]) - carved)
+    # the names shown are the ids an unshuffled view would show: they say nothing of which data is under them
+    assert list(TestManifest.read(s.agent_public).ids) == sorted({*s.test_ids, *s.selection_ids}) == \
+        sorted({*ordinary_doc["test_ids"], *carved})
     assert list(TestManifest.read(s.selection.public_dir).ids) == list(s.selection_ids)
     for target, ids in ((s.selection, s.selection_ids), (s.test, s.test_ids)):
         assert sorted(read_answers(target.private_dir, b.task.grader)) == sorted(ids)
@@ -109,8 +121,36 @@ def test_selection_cases_leave_training_and_join_the_test_inputs(built, task_id:
         if path.is_file() and path.suffix in (".json", ".csv", ".md", ".txt"):
             assert seed not in path.read_text(errors="ignore"), path
     family = b.task.family()
-    groups = {family.split_group(i) for i in s.selection_ids}
+    groups = {family.split_group(i) for i in carved}
     assert not groups & {family.split_group(i) for i in agent_doc["train_ids"]}
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_each_name_carries_its_cases_inputs_and_answers(built, task_id: str) -> None:
+    """The data under a shown name is the data of the case behind it: the test inputs, byte for byte, and the answers
+    (a real test case's as the ordinary task holds them)."""
+    b = built(task_id)
+    s = b.selection
+    ordinary_answers = answer_fingerprints(b.task, b.ordinary.private_dir)
+    shown_answers = answer_fingerprints(b.task, s.agent_private)
+    for name in s.test_ids:
+        assert shown_answers[name] == ordinary_answers[s.case_of(name)]
+    pattern = token_pattern(s.cases)
+    compared = 0
+    for path in (s.agent_public / "test").rglob("*"):
+        rel = path.relative_to(s.agent_public).as_posix()
+        hit = pattern.search(rel) if path.is_file() else None
+        if hit is not None and hit.group(0) in s.test_ids:  # a real test case: in the ordinary task's test inputs
+            origin = b.ordinary.public_dir / (rel[:hit.start()] + s.case_of(hit.group(0)) + rel[hit.end():])
+            assert path.read_bytes() == origin.read_bytes(), rel
+            compared += 1
+    assert compared >= len(s.test_ids)
+    # every file and folder of the agent view has the same modification time
+    assert {p.stat().st_mtime for p in s.agent_public.rglob("*")} == {FIXED_MTIME}
+
+
+def carved_of(s: SelectionSplit) -> set[str]:
+    return {s.case_of(name) for name in s.selection_ids}
 
 
 @pytest.mark.parametrize("task_id", TASK_IDS)
@@ -143,7 +183,8 @@ def test_restricted_sample_submission_grades_valid_on_both_views(built, task_id:
 def test_test_view_grades_like_the_ordinary_task(built, task_id: str, tmp_path: Path) -> None:
     b = built(task_id)
     s = b.selection
-    assert s.test_ids == TestManifest.read(b.ordinary.public_dir).ids == TestManifest.read(s.test.public_dir).ids
+    assert s.test_ids == TestManifest.read(s.test.public_dir).ids
+    assert sorted(s.case_of(n) for n in s.test_ids) == list(TestManifest.read(b.ordinary.public_dir).ids)
     grader = b.task.grader
     grader.write_gold_submission(b.ordinary.private_dir, b.ordinary.public_dir, tmp_path / "ordinary")
     grader.write_gold_submission(s.agent_private, s.agent_public, tmp_path / "combined")
@@ -158,18 +199,19 @@ def test_test_view_grades_like_the_ordinary_task(built, task_id: str, tmp_path: 
     assert (s.test.leaderboard, s.selection.leaderboard) == (b.ordinary.leaderboard, b.ordinary.leaderboard)
 
 
-def test_selection_is_deterministic_and_cached(built) -> None:
+def test_selection_is_deterministic_for_a_secret_and_cached(built) -> None:
     b = built("isles22")
     s = b.selection
     marker = s.root / SELECTION_MARKER
     stamp = marker.stat().st_mtime_ns
-    again = prepare_selection("isles22", s.k, b.root)
+    again = prepare_selection("isles22", s.k, b.root, secret=SECRET)
     assert again == s and marker.stat().st_mtime_ns == stamp  # reused, not rebuilt
-    other = prepare_selection("isles22", s.k + 1, b.root)
+    other = prepare_selection("isles22", s.k + 1, b.root, secret=SECRET)
     assert other.root != s.root and other.k == s.k + 1 and len(other.selection_ids) == s.k + 1
-    assert other.test_ids == s.test_ids
-    forced = prepare_selection("isles22", s.k, b.root, force=True)
-    assert forced.selection_ids == s.selection_ids and marker.stat().st_mtime_ns != stamp
+    forced = prepare_selection("isles22", s.k, b.root, secret=SECRET, force=True)
+    assert (forced.selection_ids, forced.cases) == (s.selection_ids, s.cases) and marker.stat().st_mtime_ns != stamp
+    fresh = prepare_selection("isles22", s.k, b.root)  # no secret: a new one, so another folder and split
+    assert fresh.root != s.root and fresh.cases != s.cases
     assert not list(s.root.parent.glob("*.partial"))
 
 
@@ -177,13 +219,14 @@ def test_concurrent_builds_wait_for_each_other(built) -> None:
     """Runs of a batch start together: each process forces a rebuild of the same split, none sees a half-built one."""
     b = built("isles22")
     code = ("import json, sys; from pathlib import Path; from rexmle_tasks.selection import prepare_selection; "
-            "print(json.dumps(prepare_selection('isles22', 3, Path(sys.argv[1]), force=True).selection_ids))")
+            f"print(json.dumps(prepare_selection('isles22', 3, Path(sys.argv[1]), secret={SECRET!r}, "
+            "force=True).selection_ids))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(b.root)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outputs]
     assert len({out for out, _ in outputs}) == 1
-    s = prepare_selection("isles22", 3, b.root)
+    s = prepare_selection("isles22", 3, b.root, secret=SECRET)
     assert list(s.selection_ids) == json.loads(outputs[0][0]) and check_selection(s) == []
     assert not list(s.root.parent.glob("*.partial"))
 
@@ -197,7 +240,7 @@ def test_k_must_leave_a_training_group(built, tmp_path: Path) -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(UserInputError, match=">= 1"):
             prepare_selection("isles22", bad, b.root)  # type: ignore[arg-type]
-    assert not (b.root / "isles22" / f"selection-{n_groups}").exists()
+    assert not list((b.root / "isles22").glob(f"selection-{n_groups}-*"))
 
 
 def test_unprepared_task_names_the_prepare_command(tmp_path: Path) -> None:
@@ -216,13 +259,14 @@ class PairedToyFamily(ToyFamily):
         return f"pair{(int(case_id.rsplit('_', 1)[1]) + 1) // 2}"
 
 
-def test_selection_follows_the_documented_hash_rule(toy, tmp_path: Path) -> None:
+def test_selection_follows_the_documented_keyed_hash_rule(toy, tmp_path: Path) -> None:
     prepare_task(toy.task, task_dirs(toy.task, tmp_path), synthetic=True)
-    s = prepare_selection("toy-task", 3, tmp_path)
+    s = prepare_selection("toy-task", 3, tmp_path, secret=SECRET)
     train = _split_doc(task_dirs(toy.task, tmp_path).public)["train_ids"]
-    seed = toy.task.meta.split.seed
-    expected = sorted(train, key=lambda i: hashlib.sha256(f"{seed}:selection:3:{i}".encode()).hexdigest())[:3]
-    assert s.selection_ids == tuple(sorted(expected)) == tuple(sorted(selection_groups(train, seed=seed, k=3)))
+    expected = sorted(train, key=lambda i: hmac.new(SECRET, f"group:3\0{i}".encode(), hashlib.sha256).hexdigest())[:3]
+    assert sorted(carved_of(s)) == sorted(expected) == sorted(selection_groups(train, secret=SECRET, k=3))
+    names = shuffled_names([*s.test_ids, *s.selection_ids], SECRET)
+    assert s.cases == {shown: case for case, shown in names.items()}
 
 
 def test_groups_never_straddle_training_and_selection(toy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,10 +274,10 @@ def test_groups_never_straddle_training_and_selection(toy, tmp_path: Path, monke
     prepare_task(toy.task, task_dirs(toy.task, tmp_path), synthetic=True)  # 10 cases = 5 pairs: 1 test, 4 train
     s = prepare_selection("toy-task", 2, tmp_path)
     family = PairedToyFamily(toy.task.meta)
-    assert len(s.selection_ids) == 4 and len({family.split_group(i) for i in s.selection_ids}) == 2
+    assert len(s.selection_ids) == 4 and len({family.split_group(i) for i in carved_of(s)}) == 2
     train = _split_doc(s.agent_public)["train_ids"]
     assert len(train) == 4 and not {family.split_group(i) for i in train} & {family.split_group(i)
-                                                                             for i in s.selection_ids}
+                                                                             for i in carved_of(s)}
     with pytest.raises(UserInputError, match="4 training group"):
         prepare_selection("toy-task", 4, tmp_path)
     assert check_selection(s) == []
@@ -242,10 +286,10 @@ def test_groups_never_straddle_training_and_selection(toy, tmp_path: Path, monke
 def test_selection_is_rebuilt_when_the_task_is_prepared_again(toy, tmp_path: Path) -> None:
     dirs = task_dirs(toy.task, tmp_path)
     prepare_task(toy.task, dirs, synthetic=True, cases=10)
-    first = prepare_selection("toy-task", 2, tmp_path)
+    first = prepare_selection("toy-task", 2, tmp_path, secret=SECRET)
     prepare_task(toy.task, dirs, synthetic=True, cases=12, force=True)
-    second = prepare_selection("toy-task", 2, tmp_path)
-    assert second.test_ids == TestManifest.read(dirs.public).ids
+    second = prepare_selection("toy-task", 2, tmp_path, secret=SECRET)
+    assert sorted(second.case_of(n) for n in second.test_ids) == list(TestManifest.read(dirs.public).ids)
     assert len(_split_doc(second.agent_public)["train_ids"]) + len(second.selection_ids) + len(second.test_ids) == 12
     assert first.root == second.root
 
@@ -261,7 +305,7 @@ def test_raw_replaced_since_preparation_is_refused(toy, tmp_path: Path) -> None:
 
 def test_failed_build_leaves_the_previous_selection(toy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prepare_task(toy.task, task_dirs(toy.task, tmp_path), synthetic=True)
-    before = prepare_selection("toy-task", 2, tmp_path)
+    before = prepare_selection("toy-task", 2, tmp_path, secret=SECRET)
     sums = file_checksums(before.root)
 
     def broken(self, ctx: PrepareContext) -> TestManifest:
@@ -270,7 +314,7 @@ def test_failed_build_leaves_the_previous_selection(toy, tmp_path: Path, monkeyp
 
     monkeypatch.setattr(ToyFamily, "prepare", broken)
     with pytest.raises(RexmleError, match="broken"):
-        prepare_selection("toy-task", 2, tmp_path, force=True)
+        prepare_selection("toy-task", 2, tmp_path, secret=SECRET, force=True)
     assert file_checksums(before.root) == sums
     assert not list(before.root.parent.glob("*.partial"))
 
@@ -280,12 +324,12 @@ def test_check_finds_a_selection_label_in_the_agent_view(toy, tmp_path: Path) ->
     s = prepare_selection("toy-task", 2, tmp_path)
     assert check_selection(s) == []
     case = s.selection_ids[0]
+    label = f"labels/{s.case_of(case)}.txt"  # the private files keep the names of their cases
     (s.agent_public / "train" / "extra").mkdir()
-    (s.agent_public / "train" / "extra" / f"{case}.txt").write_bytes(
-        (s.selection.private_dir / "labels" / f"{case}.txt").read_bytes())
+    (s.agent_public / "train" / "extra" / f"{case}.txt").write_bytes((s.selection.private_dir / label).read_bytes())
     (s.agent_public / SELECTION_MARKER).write_text("{}")
     problems = "\n".join(check_selection(s))
-    assert f"train/extra/{case}.txt has the same bytes as private/labels/{case}.txt" in problems
+    assert f"train/extra/{case}.txt has the same bytes as private/{label}" in problems
     assert f"agent/public/{SELECTION_MARKER} is a grading file" in problems
 
 
@@ -361,3 +405,41 @@ def test_id_column_is_found_by_name(tmp_path: Path) -> None:
     assert _rows(out) == [["score", "case_id"], ["2.0", "b"], ["3.0"]]  # a malformed row is kept: still invalid
     first = restrict_submission(sub, ["2.0"], tmp_path / "first")  # default: the header's first column
     assert _rows(first)[1] == ["2.0", "b"]
+
+
+# ---- nothing public singles out the selection cases ---------------------------------------------------------------
+#: ldct-iqa with 60 cases: 20 official test cases + 10 carved = 30 test inputs; a blind guess of 10 hits 3.3 on average
+GUESS_CASES, GUESS_K, GUESS_SECRETS = 60, 10, 6
+
+
+def test_no_public_trace_singles_out_the_selection_cases(tmp_path: Path) -> None:
+    """Every guess an agent can make from its public folder and the installed package (:mod:`.selection_guesses`)
+    finds the selection cases no better than chance over several run secrets, while the same guesses on a view
+    without shuffled names find all of them."""
+    task = get_task("ldct-iqa")
+    prepare_task(task, task_dirs(task, tmp_path), synthetic=True, cases=GUESS_CASES)
+    overlaps: dict[str, list[int]] = {}
+    for _ in range(GUESS_SECRETS):
+        s = prepare_selection("ldct-iqa", GUESS_K, tmp_path)  # a fresh secret, as every run draws
+        assert check_selection(s) == []
+        truth = set(s.selection_ids)
+        for heuristic, guess in guesses(s.agent_public, "ldct-iqa", GUESS_K).items():
+            assert len(set(guess)) == GUESS_K, heuristic
+            overlaps.setdefault(heuristic, []).append(len(truth & set(guess)))
+    n_inputs = len(s.selection_ids) + len(s.test_ids)
+    chance = GUESS_K * GUESS_K / n_inputs
+    for heuristic, hits in overlaps.items():  # the mean of 6 blind guesses has a standard error of 0.5
+        assert sum(hits) / len(hits) <= chance + 2.5, (heuristic, hits, chance)
+    # the control: the same view published under the cases' own names gives the selection away
+    carved = carved_of(s)
+    agent_split = Split(train=tuple(_split_doc(s.agent_public)["train_ids"]),
+                        test=tuple(sorted(s.case_of(n) for n in s.cases)))
+    staging, plain = tmp_path / "staging", tmp_path / "plain"
+    for folder in (staging / "public", staging / "private", plain / "public", plain / "private"):
+        folder.mkdir(parents=True)
+    dirs = task_dirs(task, tmp_path)
+    build_prepared(task, task.family(), agent_split, staging / "public", staging / "private", raw=dirs.raw)
+    publish_shuffled(task, agent_split, {i: i for i in agent_split.test}, staging / "public", staging / "private",
+                     plain / "public", plain / "private")
+    found = guesses(plain / "public", "ldct-iqa", GUESS_K)
+    assert max(len(carved & set(g)) for g in found.values()) == GUESS_K

@@ -67,9 +67,14 @@ class Prepared:
         return self.grade(dest)
 
 
+#: the synthetic secret pinned here, so that a test can write the same mirror with the generators themselves
+SECRET = b"vessel-tests-secret"
+
+
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Prepared]:
-    """``prepared(task_id)``: the task prepared synthetically (default case count, seed 0), built on first use."""
+    """``prepared(task_id)``: the task prepared synthetically (default case count, seed 0, :data:`SECRET`), built on
+    first use."""
     root = tmp_path_factory.mktemp("vessel-tasks")
     cache: dict[str, Prepared] = {}
 
@@ -77,7 +82,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Prepar
         if task_id not in cache:
             task = get_task(task_id)
             dirs = TaskDirs.for_task(task_id, raw_group=task.meta.raw_group, root=root)
-            cache[task_id] = Prepared(task, dirs, prepare_task(task, dirs, synthetic=True, seed=0))
+            cache[task_id] = Prepared(task, dirs, prepare_task(task, dirs, synthetic=True, seed=0,
+                                                               secret=SECRET))
         return cache[task_id]
 
     return get

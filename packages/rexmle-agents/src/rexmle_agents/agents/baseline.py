@@ -15,10 +15,11 @@ workspace, exactly as an agent's own code would; the harness then validates, sna
 The pipeline is told the time it has (``--time-budget``): ``budget`` sizes its training to it, the others stop
 early rather than overrun it. A resumable pipeline (nnU-Net) gets the run's remaining time: when one execution is cut
 by the per-execution limit (``--exec-timeout``) while the run still has time, it is started again with ``--resume``
-and continues from its work folder (finished folds and checkpoints kept). Any other pipeline gets what one execution
-allows (the smaller of the run's remaining time and ``--exec-timeout``), since it would start again from nothing;
-give such runs ``--exec-timeout`` equal to ``--time-limit`` to use the whole budget. Whatever valid submission the
-pipeline has written by then (nnU-Net writes one as soon as its first fold is trained) is the run's submission.
+and continues from its work folder (finished folds and checkpoints kept). Any other pipeline would start again from
+nothing, so it runs as one execution limited by the run's remaining time only (not by ``--exec-timeout``): the same
+rule as ``rexmle baselines calibrate``, which gives every pipeline the whole budget, so both feed the normaliser
+with the same kind of result. Whatever valid submission the pipeline has written by then (nnU-Net writes one as soon
+as its first fold is trained) is the run's submission.
 """
 
 from __future__ import annotations
@@ -53,6 +54,22 @@ class BaselineAgent(BaseAgent):
     defaults: ClassVar[dict[str, Any]] = {"baseline": None, "config": "quick", "set": {}, "device": "auto",
                                           "allow_cpu": False, "weights_dir": None, "margin_s": 120.0}
 
+    def preflight(self, task_id: str) -> None:
+        """Before any run starts: the pipeline the run would use is installed here (the sandbox runs this same
+        Python environment), so a missing extra is one line and exit 2, not a run that fails inside the sandbox."""
+        base = _baselines()
+        config = str(self.config["config"])
+        if config not in CONFIGS:
+            raise ConfigurationError(f"unknown baseline config {config!r}", hint="configs: " + ", ".join(CONFIGS))
+        name = self.config["baseline"] or self.default_baseline(task_id, config)
+        baseline = base.get_baseline(name)
+        missing = baseline.missing_modules()
+        if missing:
+            raise ConfigurationError(f"the baseline {name!r} for task {task_id!r} needs {', '.join(missing)}, which "
+                                     "is not installed in this Python environment (the sandbox runs the same one)",
+                                     hint=f"pip install 'rexmle-baselines[{baseline.extra}]' -c constraints.txt (or "
+                                          "bash tools/setup.sh --torch)")
+
     def run(self, ctx: RunContext) -> None:
         if any(e.get("step_kind") == "baseline" and (e.get("result") or {}).get("submitted")
                for e in ctx.finished_steps()):
@@ -67,13 +84,12 @@ class BaselineAgent(BaseAgent):
         margin = float(self.config["margin_s"])
         while True:
             budget = ctx.remaining().time_s - margin
-            if not resumable:  # it would start again from nothing: it must finish within one execution
-                budget = min(budget, float(ctx.spec.limits.exec_timeout_s) - margin)
             if budget <= 0:
                 break
             argv = self.command(ctx, name, budget_s=budget, resume=attempts > 0, weights=bool(weights))
             with ctx.step("baseline", baseline=name, config=config, attempt=attempts, weights=weights) as step:
-                result = ctx.execute(argv, label=name)
+                # a pipeline that cannot resume would start again from nothing: one execution, the whole budget
+                result = ctx.execute(argv, label=name, until_deadline=not resumable)
                 step.result.update(exit_code=result.exit_code, stopped_by=result.stopped_by, seconds=result.wall_s)
                 attempts += 1
                 # cut by the per-execution limit while the run has time left: continue where it stopped

@@ -29,6 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rexmle_agents.analysis.records import AnalysisManifest, HumanLabel, RunAnalysis
+from rexmle_grade.csvsafe import SafeDictWriter
 from rexmle_grade.errors import UnknownNameError, UserInputError
 
 JUDGE, DETECTORS = "judge", "detectors"
@@ -249,7 +250,7 @@ def agreement_report(analyses: Sequence[RunAnalysis], labels: Sequence[HumanLabe
 def to_csv(report: AgreementReport) -> str:
     """The kappa rows as CSV text (one row per factor x pair of raters, and "all")."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(KappaRow.model_fields))
+    writer = SafeDictWriter(buffer, fieldnames=list(KappaRow.model_fields))
     writer.writeheader()
     for row in report.rows:
         writer.writerow(row.model_dump())

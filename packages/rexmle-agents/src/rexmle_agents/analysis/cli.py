@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -34,7 +33,7 @@ class _RunsByDefault(TyperGroup):
     """A group whose ``runs`` command needs no name: ``rexmle analyse runs/paper`` is ``rexmle analyse runs
     runs/paper``."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["runs", *args]
         return super().parse_args(ctx, args)
@@ -69,7 +68,10 @@ def make_judge(judge: str, *, max_cost: float | None, out: Path, record: Path | 
             raise UserInputError("--record and --replay exclude each other: a call is either recorded or replayed")
         model = Model(ReplayBackend(replay, judge), ledger=ledger)
     else:
+        from rexmle_agents.models.probe import require_reachable
+
         model = get_model(judge, ledger=ledger, record_to=record)
+        require_reachable([judge])  # a wrong URL is one line now, not minutes of retries on the first call
     out.mkdir(parents=True, exist_ok=True)  # only once the judge can be made: a missing key writes nothing
     return Judge(model, load_rubrics(), chunk_chars=chunk_chars, max_attempts=attempts, temperature=temperature)
 
@@ -128,7 +130,9 @@ def print_summary(result: Any) -> None:
     names = {f.id: f.name for f in load_rubrics().factors}
     caps = capability_table(frames.verdicts, by=("data", "agent", "model"))
     groups = sorted({(r.data, r.agent, r.model) for r in caps.itertuples()})
-    table = Table(title="share of runs demonstrating each factor (judge · detector; k/n)", title_justify="left")
+    table = Table(title="share of runs demonstrating each factor (judge · detector; k/n; u?: the judge's claims "
+                        "whose quotes were not found, ! where they outnumber k)", title_justify="left")
+    flagged = []
     table.add_column("factor")
     for data, agent, model in groups:
         table.add_column(printable(f"{agent} · {model}" + (" †" if data == "synthetic" else ""), one_line=True),
@@ -141,10 +145,19 @@ def print_summary(result: Any) -> None:
             shown = []
             for source in ("judge", "detector"):
                 row = part[part["source"] == source]
-                shown.append("-" if row.empty else f"{int(row['demonstrated'].sum())}/{int(row['judged'].sum())}")
+                cell = "-" if row.empty else f"{int(row['demonstrated'].sum())}/{int(row['judged'].sum())}"
+                if source == "judge" and not row.empty:
+                    cell += f" {int(row['unverified'].sum())}u?" + (" !" if row["unverified_dominates"].any() else "")
+                    if row["unverified_dominates"].any():
+                        flagged.append(f"{names.get(factor, factor)} ({group[1]} · {group[2]})")
+                shown.append(cell)
             cells.append(" · ".join(shown))
         table.add_row(names.get(factor, factor), *cells)
     console.print(table)
+    if flagged:
+        console.print(Text("the judge's unverified claims outnumber its demonstrated ones (its share there says more "
+                           f"about its quoting than about the runs): {printable('; '.join(flagged), one_line=True)}",
+                           style="yellow"))
     failures = failure_table(frames.runs, frames.steps)
     ftable = Table(title="failure analysis (per data kind x agent x model x task type)", title_justify="left")
     for column in ("group", "runs", "steps run", "crashed", "invalid", "top errors", "valid final", "time: code / "

@@ -415,7 +415,7 @@ class ScriptedCoder:
             return _tool(call_id, "propose_hypothesis", {"hypothesis": f"pretrained weights help ({number})",
                                                          "rationale": "little training data"}, self.name)
         return _tool(call_id, "submit_feedback", {"supported": False, "observations": "scripted",
-                                                  "lesson": f"lesson {number}"}, self.name)
+                                                  "lesson": f"lesson {number}", "replace_best": False}, self.name)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -485,7 +485,7 @@ def _lines_that_count(block: str) -> list[str]:
     sections = list(_SECTION.finditer(block))
     for i, section in enumerate(sections):
         end = sections[i + 1].start() if i + 1 < len(sections) else block.rfind("===== end of node")
-        if section.group(1) == "code" and section.group(2) != "ran":
+        if section.group(1) == "code" and not section.group(2).startswith(("ran", "what ran")):
             continue
         lines += block[section.end():end].splitlines()[1:]
     return lines

@@ -1,8 +1,10 @@
 """Failure analysis from the journal alone (no model): why a run ended, how each node or step ended and why, where
 the time went, and whether the final submission was valid.
 
-A step *crashed* when one of its executions exited non-zero or was stopped by the sandbox; its error type comes
-from ``stopped_by`` and the last exception in its output (:func:`classify_output`). A step that ran cleanly but
+A step *crashed* when its final execution (the one that ran its final code) exited non-zero or was stopped by the
+sandbox; its error type comes from ``stopped_by`` and the last exception in its output (:func:`classify_output`).
+An earlier execution that failed (an R&D-loop round's run on a data sample, before the script was revised) does
+not make a step crashed: it is named in the outcome's detail. A step that ran cleanly but
 whose submission the validator refused is an *invalid submission*, with the validator's first problem as its
 reason. Time: ``exec_s`` is agent code running in the sandbox, ``model_s`` the model calls, ``idle_s`` the rest of
 the wall-clock (harness work, validation, waiting). Parallel workers overlap, so their execution time can exceed
@@ -97,19 +99,22 @@ def _outcome(node: NodeView, reasons: dict[int, str]) -> StepOutcome:
     common = {"node": node.id, "stage": node.stage}
     if not node.executions:
         return StepOutcome(outcome="no_code", detail="nothing was run", **common)
-    for execution in node.executions:
-        if execution.exit_code != 0 or execution.stopped_by:
-            kind, detail = classify_output(execution.output_tail, execution.stopped_by, execution.exit_code)
-            if kind == "ok":  # a clean exit classified as ok cannot be here; keep the exit status
-                kind = "nonzero_exit"
-            return StepOutcome(outcome="crashed", error_type=kind, detail=detail, exit_code=execution.exit_code,
-                               stopped_by=execution.stopped_by, **common)
+    final = node.executions[-1]
+    if final.exit_code != 0 or final.stopped_by:
+        kind, detail = classify_output(final.output_tail, final.stopped_by, final.exit_code)
+        if kind == "ok":  # a clean exit classified as ok cannot be here; keep the exit status
+            kind = "nonzero_exit"
+        return StepOutcome(outcome="crashed", error_type=kind, detail=detail, exit_code=final.exit_code,
+                           stopped_by=final.stopped_by, **common)
+    earlier = [e.name for e in node.executions[:-1] if e.exit_code != 0 or e.stopped_by]
+    recovered = f"its final execution ran cleanly after {len(earlier)} failed one(s): {', '.join(earlier[:3])}" \
+        if earlier else ""
     reason = reasons.get(node.step) if node.step is not None else None
     reason = reason or _engine_reason(node)
     if reason:
         return StepOutcome(outcome="invalid_submission", error_type="invalid_submission", detail=reason,
                            exit_code=0, **common)
-    return StepOutcome(outcome="ok", exit_code=0, **common)
+    return StepOutcome(outcome="ok", exit_code=0, detail=recovered, **common)
 
 
 _ENGINE_INVALID = re.compile(r"the submission is invalid: ([^;]*)|(the script wrote nothing into \$\w+)")

@@ -2,12 +2,14 @@
 title, synthetic and real runs never in one figure):
 
 * ``capability-comparison-<data>``: the 13 factors x agent (and model): the share of runs demonstrating each factor,
-  one panel per source (the judge, the detectors), each cell annotated ``k/n``;
+  one panel per source (the judge, the detectors), each cell annotated ``k/n`` and, for the judge, the number of its
+  claims that were rejected (``u unverified``); a cell where they outnumber the demonstrated runs is outlined and
+  marked ``!`` (its share says more about the judge's quoting than about the runs);
 * ``failure-types-<data>``: per agent (and model), how executed steps ended: ok, invalid submission, or each error
   type;
 * ``time-split-<data>``: per agent (and model), the mean share of a run's time in agent code, model calls and the rest.
 
-Every cell or bar carries an SVG id ``mark-<n>``.
+Every cell or bar carries an SVG id ``mark-<n>``; every unverified note ``unverified-<n>``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rexmle_agents.analysis.frames import unverified_dominates
 from rexmle_agents.results.figures import OKABE_ITO, figure_title, pyplot, save_figure
 
 ROW_KEYS = ("agent", "model")
@@ -36,10 +39,11 @@ def capability_comparison(verdicts: Any, factors: Sequence[str], names: dict[str
     plt = pyplot()
     fig, axes = plt.subplots(1, max(1, len(sources)), figsize=(2.2 + 1.1 * max(1, len(columns)) * max(1, len(sources)),
                                                               0.42 * len(factors) + 2.2), squeeze=False)
-    marks = 0
+    marks = notes = 0
     for panel, (ax, source) in enumerate(zip(axes[0], sources or ["judge"], strict=False)):
         shares = np.full((len(factors), len(columns)), np.nan)
         labels: dict[tuple[int, int], str] = {}
+        unverified: dict[tuple[int, int], tuple[int, bool]] = {}
         part = frame[frame["source"] == source]
         for (i, factor) in enumerate(factors):
             for j, column in enumerate(columns):
@@ -51,12 +55,25 @@ def capability_comparison(verdicts: Any, factors: Sequence[str], names: dict[str
                     shown = int(cell["demonstrated"].sum())
                     shares[i, j] = shown / judged
                     labels[(i, j)] = f"{shown}/{judged}"
+                    if source == "judge":
+                        rejected = int((cell["status"] == "unverified").sum())
+                        unverified[(i, j)] = (rejected, unverified_dominates(shown, rejected))
         image = ax.imshow(np.ma.masked_invalid(shares), vmin=0, vmax=1, cmap="cividis", aspect="auto")
         image.set_gid(f"panel-{source}")
         for (i, j), text in labels.items():
-            ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="black" if shares[i, j] > 0.5 else "white").set_gid(f"mark-{marks}")
+            colour = "black" if shares[i, j] > 0.5 else "white"
+            shift = -0.18 if (i, j) in unverified else 0.0
+            ax.text(j, i + shift, text, ha="center", va="center", fontsize=7, color=colour).set_gid(f"mark-{marks}")
             marks += 1
+            if (i, j) in unverified:
+                rejected, dominates = unverified[(i, j)]
+                ax.text(j, i + 0.22, f"{rejected} unverified" + (" !" if dominates else ""), ha="center",
+                        va="center", fontsize=5.5, color=colour,
+                        fontweight="bold" if dominates else "normal").set_gid(f"unverified-{notes}")
+                notes += 1
+                if dominates:
+                    ax.add_patch(plt.Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="#D55E00",
+                                               linewidth=1.5))
         for i in range(len(factors)):
             for j in range(len(columns)):
                 if (i, j) not in labels:
@@ -69,6 +86,10 @@ def capability_comparison(verdicts: Any, factors: Sequence[str], names: dict[str
     bar.set_label("share of runs demonstrating the factor", fontsize=7)
     fig.suptitle(figure_title("Capabilities: share of runs demonstrating each success factor", data_kind),
                  fontsize=9)
+    # below the tick labels (the figure is saved with a tight bounding box, which takes it in)
+    fig.text(0.01, -0.06, "unverified: the judge claimed the factor but no quote of it was found in code that ran or "
+                          "in an output (counted as not demonstrated);\n! and an outline: unverified claims outnumber "
+                          "the demonstrated runs", fontsize=6, color="#444444", va="top")
     return save_figure(fig, folder, f"capability-comparison-{data_kind}"), marks
 
 

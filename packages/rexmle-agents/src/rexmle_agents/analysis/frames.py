@@ -6,7 +6,8 @@ f.verdicts       # one row per run x factor x source (judge, detector): status, 
 f.comparison     # one row per run x factor: the judge's and the detector's verdicts side by side, agreeing or not
 f.runs           # one row per run: keys and the failure analysis (why it ended, crash share, time split, final valid)
 f.steps          # one row per node or step: outcome and error type (with the validator's reason)
-capability_table(f.verdicts)   # share of runs demonstrating each factor, per source and group
+capability_table(f.verdicts)   # share of runs demonstrating each factor, per source and group, with the share
+                               # of the judge's claims that were rejected (unverified) beside it
 failure_table(f.runs, f.steps) # crash share, error types, end reasons, time shares, valid rate, per group
 ```
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rexmle_agents.analysis.records import RunAnalysis
+from rexmle_grade.csvsafe import frame_to_csv
 
 DEFAULT_BY = ("data", "agent", "model", "task_type")
 _KEYS = ("run_id", "data", "agent", "model", "config", "task_id", "task_type", "seed")
@@ -44,7 +46,7 @@ class AnalysisFrames:
         written = []
         for name in ("verdicts", "comparison", "runs", "steps"):
             path = folder / f"{name}.csv"
-            getattr(self, name).to_csv(path, index=False)
+            frame_to_csv(getattr(self, name), path)  # agent text never runs as a spreadsheet formula
             written.append(path)
         return written
 
@@ -91,13 +93,21 @@ def analysis_frames(analyses: Sequence[RunAnalysis]) -> AnalysisFrames:
                           runs=pd.DataFrame(runs), steps=pd.DataFrame(steps))
 
 
+def unverified_dominates(demonstrated: int, unverified: int) -> bool:
+    """Most of the judge's claims were rejected (no quote found in the code that ran): its share then says more
+    about its quoting than about the runs."""
+    return unverified > demonstrated
+
+
 def capability_table(verdicts: Any, by: Sequence[str] = DEFAULT_BY) -> Any:
     """Per group x factor x source: runs, judged runs (errors and unjudged runs left out), demonstrated, their
-    share, unverified claims and errors."""
+    share, unverified claims beside it (count, share of the judged runs, and ``unverified_dominates`` when they
+    outnumber the demonstrated ones: a judge whose claims were all rejected must not read as one that found
+    nothing), errors."""
     import pandas as pd
 
-    columns = [*by, "factor", "source", "runs", "judged", "demonstrated", "share", "unverified", "errors",
-               "not_run"]
+    columns = [*by, "factor", "source", "runs", "judged", "demonstrated", "share", "unverified", "unverified_share",
+               "unverified_dominates", "errors", "not_run"]
     if verdicts.empty:
         return pd.DataFrame(columns=columns)
     frame = verdicts[verdicts["status"] != "not_applicable"]
@@ -105,9 +115,11 @@ def capability_table(verdicts: Any, by: Sequence[str] = DEFAULT_BY) -> Any:
     for keys, group in frame.groupby([*by, "factor", "source"], sort=True, dropna=False):
         judged = int(group["judged"].sum())
         shown = int(group["demonstrated"].sum())
+        unverified = int((group["status"] == "unverified").sum())
         rows.append({**dict(zip([*by, "factor", "source"], keys, strict=True)), "runs": len(group),
                      "judged": judged, "demonstrated": shown, "share": shown / judged if judged else None,
-                     "unverified": int((group["status"] == "unverified").sum()),
+                     "unverified": unverified, "unverified_share": unverified / judged if judged else None,
+                     "unverified_dominates": unverified_dominates(shown, unverified),
                      "errors": int((group["status"] == "error").sum()),
                      "not_run": int((group["status"] == "not_run").sum())})
     return pd.DataFrame(rows, columns=columns)

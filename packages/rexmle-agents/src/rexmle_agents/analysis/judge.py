@@ -30,7 +30,9 @@ from rexmle_agents.models.base import Model
 from rexmle_agents.models.types import FINISH_CONTENT_FILTER, GenerateConfig, Message, ModelResponse, ToolSpec
 from rexmle_grade.errors import BudgetExceededError, ConfigurationError, ModelAPIError
 
-PROMPT_VERSION = "1"
+# 2: the run text says per node which part of its code ran, and quotes of code are checked against that part only
+# (a verdict judged under 1 is not reused)
+PROMPT_VERSION = "2"
 PROMPT_FILES = ("judge_system.md", "judge.md", "judge_ask_again.md")
 MAX_QUOTES = 10
 SUBMIT_VERDICT = ToolSpec(

@@ -39,6 +39,7 @@ from rexmle_agents.models.accounting import UsageTotals
 from rexmle_agents.results.loader import RunRecord, RunSet
 from rexmle_agents.results.rows import run_row
 from rexmle_agents.results.trajectory import trajectory
+from rexmle_grade.csvsafe import frame_to_csv
 from rexmle_grade.errors import UserInputError
 from rexmle_grade.settings import rexmle_versions
 
@@ -221,7 +222,7 @@ def write_reports(analyses: Sequence[RunAnalysis], out: Path, factors: Sequence[
                                                                 "detector_evidence", "judge_reason",
                                                                 "detector_rule"]))):
         path = out / f"{name}.csv"
-        frame.to_csv(path, index=False)
+        frame_to_csv(frame, path)  # agent text in a cell never runs as a spreadsheet formula
         written.append(path)
     return written
 

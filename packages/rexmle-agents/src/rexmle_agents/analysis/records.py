@@ -41,6 +41,9 @@ class Quote(_Record):
                                        "its output")
     where: Literal["code", "output"] | None = None
     problem: str = Field(default="", description="why it was not verified")
+    rule: str = Field(default="", description="for a quote of code: the rule that decided which of the node's code "
+                                              "ran (its final execution exited 0, or up to the line its traceback "
+                                              "names)")
 
 
 class ChunkAnswer(_Record):

@@ -30,6 +30,7 @@ from rexmle_grade.errors import ConfigurationError, RexmleError
 
 CACHE_VARIABLE = "REXMLE_AGENT_ENVS"
 MARKER = "rexmle-agent-env.json"
+NPM_PREFIX = "npm"  # the npm packages' prefix inside the environment
 TAIL_LINES = 40
 # Variables of the harness's own pip set-up that must not reach an agent's install.
 _PIP_VARIABLES_DROPPED = ("PIP_CONSTRAINT", "PIP_REQUIRE_VIRTUALENV", "PIP_TARGET", "PIP_PREFIX", "PIP_USER",
@@ -57,6 +58,16 @@ class AgentEnvironment:
     def bin(self) -> Path:
         return self.path / "bin"
 
+    @property
+    def npm_bin(self) -> Path:
+        """The executables of the environment's npm packages (and of its Node.js runtime, when it has one)."""
+        return self.path / NPM_PREFIX / "node_modules" / ".bin"
+
+    @property
+    def search_path(self) -> list[Path]:
+        """The environment's folders for the agent's PATH, first to last."""
+        return [self.npm_bin, self.bin] if self.npm_bin.is_dir() else [self.bin]
+
 
 def cache_root() -> Path:
     configured = os.environ.get(CACHE_VARIABLE)
@@ -78,6 +89,11 @@ def base_interpreter(spec: ExternalAgentSpec) -> Path:
     if candidate is None:
         located = shutil.which(f"python{wanted}") or shutil.which(wanted)
         candidate = Path(located) if located else None
+        if candidate is not None and candidate.parent.name == "shims":
+            # a pyenv shim runs only the versions pyenv has selected: take the installed interpreter it stands for
+            versions = sorted(candidate.parent.parent.glob(f"versions/{wanted}.*/bin/python{wanted}"),
+                              key=lambda p: [int(n) if n.isdigit() else -1 for n in p.parts[-3].split(".")])
+            candidate = versions[-1] if versions else candidate
     if candidate is None or not candidate.exists():
         raise ConfigurationError(f"external agent {spec.name!r} asks for Python {wanted!r}, which is not installed "
                                  "here", hint=f"install python{wanted} (e.g. with pyenv), or drop environment.python "
@@ -100,7 +116,8 @@ def environment_key(spec: ExternalAgentSpec, *, extras: Sequence[str], python_ve
     if unknown:
         raise ConfigurationError(f"external agent {spec.name!r} has no environment extra(s) {unknown}",
                                  hint="its extras: " + (", ".join(sorted(env.extras)) or "none"))
-    material = {"environment": env.model_dump(mode="json"), "extras": sorted(set(extras)),
+    # fields at their defaults are left out, so a field added to the spec format later keeps existing keys
+    material = {"environment": env.model_dump(mode="json", exclude_defaults=True), "extras": sorted(set(extras)),
                 "python": python_version, "checkout_requirements": checkout_requirements}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -131,10 +148,8 @@ def _open_to_others(root: Path) -> None:
     root.chmod(0o755)
 
 
-def ensure_environment(spec: ExternalAgentSpec, *, extras: Sequence[str] = (), checkout: Path | None = None,
-                       source: str = "", log: Callable[[str], None] | None = None) -> AgentEnvironment:
-    """The agent's environment, built now if the cache has none for this key. ``source`` says where the spec came
-    from (named in errors)."""
+def _locate(spec: ExternalAgentSpec, *, extras: Sequence[str], checkout: Path | None
+            ) -> tuple[Path, str, Path | None, str, Path]:
     python = base_interpreter(spec)
     version = _version(python)
     requirements_file = None
@@ -145,10 +160,25 @@ def ensure_environment(spec: ExternalAgentSpec, *, extras: Sequence[str] = (), c
                                      hint="point the agent at a complete checkout")
     key = environment_key(spec, extras=extras, python_version=version,
                           checkout_requirements=requirements_file.read_text() if requirements_file else None)
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
     # named by the key alone: specs with the same environment section (a test spec, a fork) share one
-    path = root / f"env-{key[:16]}"
+    return python, version, requirements_file, key, cache_root() / f"env-{key[:16]}"
+
+
+def built_environment(spec: ExternalAgentSpec, *, extras: Sequence[str] = (), checkout: Path | None = None
+                      ) -> tuple[Path, bool]:
+    """Where the agent's environment is (or would be) cached, and whether a complete build is there; builds
+    nothing (``rexmle doctor``)."""
+    path = _locate(spec, extras=extras, checkout=checkout)[-1]
+    return path, (path / MARKER).is_file()
+
+
+def ensure_environment(spec: ExternalAgentSpec, *, extras: Sequence[str] = (), checkout: Path | None = None,
+                       source: str = "", log: Callable[[str], None] | None = None) -> AgentEnvironment:
+    """The agent's environment, built now if the cache has none for this key. ``source`` says where the spec came
+    from (named in errors)."""
+    python, version, requirements_file, key, path = _locate(spec, extras=extras, checkout=checkout)
+    root = path.parent
+    root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f".env-{key[:16]}.lock"):
         marker = path / MARKER
         if marker.is_file():
@@ -169,6 +199,32 @@ def ensure_environment(spec: ExternalAgentSpec, *, extras: Sequence[str] = (), c
                                       "extras": sorted(set(extras)), "built_at": time.time()}, indent=2))
         marker.chmod(0o644)
         return AgentEnvironment(spec.name, key, path, built=True, seconds=seconds, python_version=version)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: be killed when the process that started it dies (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _npm(spec: ExternalAgentSpec) -> str:
+    found = shutil.which("npm")
+    if found is None:
+        raise ConfigurationError(f"external agent {spec.name!r} installs npm packages, and npm is not installed here",
+                                 hint="apt-get install -y npm (Debian's Node.js and npm)")
+    return found
+
+
+def _node_arch() -> str:
+    """The npm registry's name of this machine's architecture for a Node.js runtime package."""
+    machine = os.uname().machine
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine)
+    if arch is None:
+        raise ConfigurationError(f"no Node.js runtime package is known for the architecture {machine!r}",
+                                 hint="drop environment.node from the spec and install Node.js on the system")
+    return arch
 
 
 def _pip_env() -> dict[str, str]:
@@ -194,11 +250,19 @@ def _build(spec: ExternalAgentSpec, path: Path, python: Path, *, extras: Sequenc
         commands.append([*pip, "-r", str(requirements_file)])
     if env_spec.no_deps:
         commands.append([*pip, "--no-deps", *env_spec.no_deps])
+    packages = [*env_spec.npm, *([f"node-linux-{_node_arch()}@{env_spec.node}"] if env_spec.node else [])]
+    if packages:
+        commands.append([_npm(spec), "install", "--prefix", str(path / NPM_PREFIX), "--no-audit", "--no-fund",
+                         "--no-update-notifier", "--loglevel=error", "--cache", str(build_log.parent / ".npm-cache"),
+                         *packages])
     with build_log.open("w") as log_file:
         for command in commands:
             log_file.write(f"$ {' '.join(command)}\n")
             log_file.flush()
-            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=_pip_env(), check=False)
+            # the installer dies with this process: an orphaned pip writing into the folder would corrupt the next
+            # build, which starts by deleting what an unfinished build left
+            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=_pip_env(), check=False,
+                                  preexec_fn=_die_with_parent)
             if done.returncode != 0:
                 log_file.flush()
                 lines = build_log.read_text(errors="replace").splitlines()

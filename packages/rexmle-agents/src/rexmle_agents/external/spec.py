@@ -25,7 +25,10 @@ from rexmle_grade.errors import UnknownNameError, UserInputError
 SPEC_PACKAGE = "rexmle_agents.external.specs"
 SPEC_FORMAT = 1
 
-# What the harness fills in; the spec's settings (--agent-config keys) are placeholders too.
+# What the harness fills in; the spec's settings (--agent-config keys) are placeholders too, and per role ROLE:
+# alias_ROLE, the model name the agent is given (the spec's alias, or its native_alias for the run's model), and
+# litellm_ROLE, that name as LiteLLM knows it (anthropic/NAME for an Anthropic model, else openai/NAME: LiteLLM
+# reaches the relay through ANTHROPIC_API_BASE or OPENAI_API_BASE).
 BUILTIN_PLACEHOLDERS: dict[str, str] = {
     "workspace": "the workspace inside the sandbox (/workspace)",
     "data": "the task's public data, read-only (/workspace/data)",
@@ -51,7 +54,19 @@ BUILTIN_PLACEHOLDERS: dict[str, str] = {
     "harness_python": "rexmle's own Python (for rexmle's helpers inside the sandbox, e.g. the validator)",
     "checkout": "the user's checkout of the agent (specs with a `source`)",
     "seed": "the run's seed",
+    "cli_prompt": "the task as terminal coding agents get it (prompts/cli_agent.md: the instructions, the limits, how "
+                  "to finish)",
+    "cli_prompt_version": "the version of that prompt template",
 }
+
+
+# the providers whose models an agent may know by name (native_alias); the relay answers them all
+NATIVE_PROVIDERS = ("openai", "anthropic", "google")
+
+
+def looks_like_provider_model(name: str) -> bool:
+    """A name AIDE (and agents like it) send to a provider's own host: gpt-*, o<digit>*, claude-*, gemini-*."""
+    return name.startswith(("gpt-", "gemini-", "claude-")) or (name[:1] == "o" and name[1:2].isdigit())
 
 
 class ExternalSpecError(UserInputError):
@@ -70,6 +85,22 @@ class EnvironmentSpec(_Strict):
     no_deps: tuple[str, ...] = ()  # installed afterwards without dependencies (an agent with a sprawling list)
     extras: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # optional groups, --agent-config extras=NAME
     pip_args: tuple[str, ...] = ()
+    # npm packages (pinned: name@version) installed into the environment's own prefix; their executables come first
+    # on the agent's PATH (agents written in JavaScript, or shipped as native binaries through npm)
+    npm: tuple[str, ...] = ()
+    # a Node.js runtime from the npm registry (node-linux-<arch>@VERSION) for packages that need a newer Node.js than
+    # the system's; None: the system's `node`, if any
+    node: str | None = Field(default=None, pattern=r"^\d+\.\d+\.\d+$")
+
+    @field_validator("npm")
+    @classmethod
+    def _pinned_npm(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for package in value:
+            name, at, version = package.rpartition("@") if package.count("@") > (package[0] == "@") else ("", "", "")
+            if not at or not name or not version:
+                raise ValueError(f"npm package {package!r} is not pinned: write NAME@VERSION (e.g. "
+                                 "@openai/codex@0.171.0)")
+        return value
 
 
 class SourceSpec(_Strict):
@@ -117,6 +148,14 @@ class ExternalAgentSpec(_Strict):
     homepage: str = ""
     roles: tuple[str, ...] = Field(min_length=1)
     aliases: dict[str, str] = Field(min_length=1)  # alias model name the agent is given -> the run's model role
+    # The name a role's model is given when it is an OpenAI, Anthropic or Google model: a template of "{model}" (its
+    # name without the provider, e.g. gpt-5) and "{role}", so that the agent takes its own path for that model
+    # (AIDE picks the API, the temperature, the prompt layout and max_tokens by name prefix; LiteLLM, which rdagent
+    # uses, looks up structured-output support by name). None: the neutral alias above, whatever the model.
+    native_alias: str | None = None
+    # Answer the providers' own host names (relay/tls.py: api.openai.com, generativelanguage.googleapis.com,
+    # api.anthropic.com) for agents that send a model there whatever base URL is set (AIDE's gpt-*, o*, gemini-*)
+    provider_hosts: bool = False
     settings: dict[str, Any] = Field(default_factory=dict)  # --agent-config keys and defaults (placeholders too)
     environment: EnvironmentSpec
     source: SourceSpec | None = None
@@ -128,18 +167,34 @@ class ExternalAgentSpec(_Strict):
     after: tuple[tuple[str, ...], ...] = ()  # commands run inside the sandbox once the agent has exited
     shims: dict[str, str] = Field(default_factory=dict)  # executables (name -> script) put first on PATH
     embeddings: Literal["none", "local-hashing"] = "none"  # what the relay's /v1/embeddings answers with
-    # seed Python's `random` with the run's seed in every interpreter of the agent (a sitecustomize on PYTHONPATH):
-    # an agent that shuffles its prompts (AIDE) then asks the same questions again, so a recorded run replays
+    # seed Python's `random` with the run's seed in the agent's own process (a sitecustomize on PYTHONPATH that
+    # only the command's program applies, and takes off the path of everything it starts): an agent that shuffles
+    # its prompts (AIDE) then asks the same questions again, so a recorded run replays
     seed_python_random: bool = False
+    # what one harness step is when the agent has no node tree: its whole attempt, or each model call (a terminal
+    # coding agent's turn: the model's answer, the tool calls it made and, from the next call, their outputs)
+    steps: Literal["attempt", "turn"] = "attempt"
     outputs: OutputsSpec
 
-    @field_validator("aliases")
-    @classmethod
-    def _alias_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for alias in value:
-            if alias.startswith(("gpt-", "gemini-", "claude-")) or (alias[:1] == "o" and alias[1:2].isdigit()):
+    @model_validator(mode="after")
+    def _alias_names(self) -> ExternalAgentSpec:
+        if self.provider_hosts:  # the relay answers the providers' hosts: a provider's model name reaches it
+            return self
+        for alias in self.aliases:
+            if looks_like_provider_model(alias):
                 raise ValueError(f"alias {alias!r} looks like a provider's model name; agents such as AIDE send "
-                                 "those to the provider's own URL: choose a neutral name (e.g. rexmle-code)")
+                                 "those to the provider's own URL: choose a neutral name (e.g. rexmle-code), or "
+                                 "set provider_hosts: true so that the relay answers those hosts")
+        return self
+
+    @field_validator("native_alias")
+    @classmethod
+    def _native_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            names = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+            if "model" not in names or not names <= {"model", "role"}:
+                raise ValueError(f"native_alias {value!r} must contain {{model}} and may contain {{role}}, nothing "
+                                 "else")
         return value
 
     @model_validator(mode="after")
@@ -148,8 +203,9 @@ class ExternalAgentSpec(_Strict):
         if unknown_roles:
             raise ValueError(f"aliases map to role(s) {unknown_roles} that are not among roles {list(self.roles)}")
         env = self.environment
-        if not env.requirements and not env.no_deps and not (self.source and self.source.requirements_file):
-            raise ValueError("environment lists no requirement (requirements, no_deps or source.requirements_file)")
+        if not (env.requirements or env.no_deps or env.npm or (self.source and self.source.requirements_file)):
+            raise ValueError("environment lists no requirement (requirements, no_deps, npm or "
+                             "source.requirements_file)")
         clash = sorted(set(self.settings) & {*BUILTIN_PLACEHOLDERS, "extras"})
         if clash:
             raise ValueError(f"settings {clash} clash with names the harness fills in")
@@ -164,6 +220,7 @@ class ExternalAgentSpec(_Strict):
     def placeholders(self) -> set[str]:
         names = {*BUILTIN_PLACEHOLDERS, *self.settings}
         names.update(f"alias_{role}" for role in self.roles)
+        names.update(f"litellm_{role}" for role in self.roles)
         if self.source is not None:
             names.add(self.source.setting)
         return names
@@ -185,7 +242,11 @@ class ExternalAgentSpec(_Strict):
             found.append(("outputs.best_code", self.outputs.best_code))
         return found
 
-    def alias_for(self, role: str) -> str:
+    def alias_for(self, role: str, model_string: str = "") -> str:
+        """The name the agent is given for a role whose model is ``model_string`` (see ``native_alias``)."""
+        provider, _, name = model_string.partition("/")
+        if self.native_alias is not None and provider in NATIVE_PROVIDERS and name:
+            return self.native_alias.format(model=name, role=role)
         return next(alias for alias, r in self.aliases.items() if r == role)
 
     def digest(self) -> str:

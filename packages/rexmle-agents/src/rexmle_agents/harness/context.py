@@ -257,7 +257,7 @@ class RunContext:
                 if workdir is not None:
                     self.fs.ensure_dir(workdir)
                 spec = dataclasses.replace(base, binds=(*base.binds, *binds), workdir=workdir or base.workdir)
-                variant = type(self.sandbox)(spec)
+                variant = self.sandbox.sibling(spec)  # the run's own identity, not a new one
                 self._variants[key] = variant
         return variant
 
@@ -367,7 +367,7 @@ class RunContext:
         candidate.folder.rename(partial / SUBMISSION_DIRNAME)
         candidate.discard()
         if code is not None:
-            (partial / "solution.py").write_text(code, encoding="utf-8")
+            (partial / "solution.py").write_text(code, encoding="utf-8", errors="backslashreplace")  # lone surrogates
         partial.rename(dest)
         validation = candidate.validation
         selection = None

@@ -4,6 +4,11 @@ Every event is one JSON object with at least ``kind`` and ``time`` (Unix seconds
 execution, snapshot, validation, state and budget events; the usage ledger writes ``model_call`` records to the same
 file. A harness killed mid-write leaves at most one torn last line, which :meth:`Journal.events` skips (and
 :meth:`Journal.repair` truncates before the next append), so a resumed run reads exactly the events that finished.
+
+Every line is strict JSON written by the one encoder of run files (:func:`rexmle_agents.models._jsonl.dumps_strict`):
+what JSON cannot hold (a NaN metric, a lone surrogate in a plan, nesting thousands of levels deep in a relayed
+request) is repaired in its field and noted under the event's ``repaired`` key, so agent data never makes an append
+raise. Journals written before that (with ``NaN`` tokens) are still read.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rexmle_agents.models._jsonl import dumps_strict
 from rexmle_grade.errors import RexmleError
 
 
@@ -29,7 +35,7 @@ class Journal:
         if step is not None:
             event["step"] = step
         event.update(data)
-        line = json.dumps(event, default=_json_default, ensure_ascii=False) + "\n"
+        line = dumps_strict(event) + "\n"
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -75,13 +81,3 @@ class Journal:
             if not isinstance(event, dict) or "kind" not in event:
                 raise RexmleError(f"{self.path} line {number + 1} has no 'kind': not a rexmle journal")
             yield event
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    raise TypeError(f"cannot journal a {type(value).__name__}")

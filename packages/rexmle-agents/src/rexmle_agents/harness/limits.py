@@ -11,13 +11,19 @@ them on another machine or with another number of workers.
 * workspace disk: :data:`DEFAULT_DISK_GB`, or half the free space of the workspace's file system shared by the
   runs at once if that is less; and at most ``max_files`` entries and :data:`~rexmle_agents.safe_workspace.MAX_DEPTH`
   folder levels;
-* largest file: the spec's ``max_file_gb``.
+* largest file: the spec's ``max_file_gb``;
+* run folder: what the harness itself writes for the run besides the workspace (journal, model cassette, command
+  logs, snapshots, the final submission) may hold at most the spec's ``run_folder_gb``, else
+  :data:`DEFAULT_RUN_FOLDER_GB`: every answered model request is a cassette line, so agent code could otherwise grow
+  the host's disk through its prompts. :class:`RunFolderWatch` measures it for the watchdog.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +33,7 @@ from rexmle_agents.harness.spec import RunSpec
 
 GIB = 1024**3
 DEFAULT_DISK_GB = 100.0
+DEFAULT_RUN_FOLDER_GB = 5.0
 MEMORY_RESERVE_FRACTION = 0.10
 MIN_RESERVE_BYTES = 1 * GIB
 MIN_RUN_MEMORY_BYTES = 1 * GIB
@@ -41,18 +48,21 @@ class EffectiveLimits:
     max_processes: int
     cpus: int | None
     how: dict[str, str]  # limit -> where its value came from ("spec", or the auto rule with its inputs)
+    # journals written before this limit existed read back with the default
+    run_folder_bytes: int = int(DEFAULT_RUN_FOLDER_GB * GIB)
 
     def to_event(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> EffectiveLimits:
-        return cls(**{name: event[name] for name in cls.__dataclass_fields__})
+        return cls(**{name: event[name] for name in cls.__dataclass_fields__ if name in event})
 
     def describe(self) -> str:
         memory = "none" if self.memory_bytes is None else f"{self.memory_bytes / GIB:.1f} GiB"
         return (f"memory {memory}, workspace disk {self.disk_bytes / GIB:.1f} GiB and {self.max_files} files, "
-                f"largest file {'none' if self.max_file_bytes is None else f'{self.max_file_bytes / GIB:g} GiB'}")
+                f"largest file {'none' if self.max_file_bytes is None else f'{self.max_file_bytes / GIB:g} GiB'}, "
+                f"run folder {self.run_folder_bytes / GIB:.1f} GiB")
 
 
 def machine_memory_bytes() -> int:
@@ -136,10 +146,14 @@ def resolve_limits(spec: RunSpec, *, workspace: Path, concurrent_runs: int = 1) 
         disk, how["disk"] = auto_disk_bytes(workspace, concurrent_runs)
     else:
         disk, how["disk"] = int(res.disk_gb * GIB), "spec (--disk-gb)"
+    if res.run_folder_gb is None:
+        folder, how["run_folder"] = int(DEFAULT_RUN_FOLDER_GB * GIB), f"the default {DEFAULT_RUN_FOLDER_GB:g} GiB"
+    else:
+        folder, how["run_folder"] = int(res.run_folder_gb * GIB), "spec (--run-folder-gb)"
     return EffectiveLimits(memory_bytes=memory,
                            max_file_bytes=None if res.max_file_gb is None else int(res.max_file_gb * GIB),
                            disk_bytes=disk, max_files=res.max_files, max_processes=res.max_processes,
-                           cpus=res.cpus, how=how)
+                           cpus=res.cpus, how=how, run_folder_bytes=folder)
 
 
 def recorded_limits(events: Sequence[Mapping[str, Any]]) -> EffectiveLimits | None:
@@ -148,3 +162,61 @@ def recorded_limits(events: Sequence[Mapping[str, Any]]) -> EffectiveLimits | No
         if event.get("kind") in ("run_started", "run_resumed") and isinstance(event.get("limits"), Mapping):
             return EffectiveLimits.from_event(event["limits"])
     return None
+
+
+class RunFolderWatch:
+    """The run folder limit, checked by the watchdog: bytes allocated by everything in the run folder but the
+    workspace (which :class:`~rexmle_agents.harness.runner.DiskWatch` bounds), links not followed; measured at
+    intervals that grow with the cost of a scan. The harness writes these files, not agent code, so a plain walk
+    suffices."""
+
+    PREFIX = "run folder limit"
+    LIMIT = "run_folder"  # the limit's name in status.json and the journal
+    MIN_INTERVAL_S = 2.0
+    COST_FACTOR = 20
+
+    def __init__(self, run_dir: Path, limit_bytes: int, *, skip: Sequence[str] = ("workspace",)) -> None:
+        self.run_dir = Path(run_dir)
+        self.limit_bytes = limit_bytes
+        self.skip = tuple(skip)
+        self.next_at = 0.0
+        self.last: dict[str, Any] = {}
+
+    def measure(self) -> tuple[int, int]:
+        """(bytes allocated, entries) of the run folder without the skipped top-level names."""
+        total = entries = 0
+        pending = [(self.run_dir, True)]
+        while pending:
+            folder, top = pending.pop()
+            try:
+                listing = os.scandir(folder)
+            except OSError:  # removed meanwhile (a partial snapshot renamed into place)
+                continue
+            with listing:
+                for entry in listing:
+                    if top and entry.name in self.skip:
+                        continue
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    entries += 1
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append((Path(entry.path), False))
+        return total, entries
+
+    def check(self, now: float) -> str | None:
+        """None while the run folder is within its limit; else why it is not."""
+        if now < self.next_at:
+            return None
+        started = time.monotonic()
+        size, entries = self.measure()
+        took = time.monotonic() - started
+        self.next_at = now + max(self.MIN_INTERVAL_S, self.COST_FACTOR * took)
+        self.last = {"bytes": size, "entries": entries, "scan_s": round(took, 4)}
+        if size > self.limit_bytes:
+            return (f"{self.PREFIX} exceeded: the run folder (journal, model cassette, logs, snapshots; the "
+                    f"workspace apart) holds {size / GIB:.3f} GiB, the limit is {self.limit_bytes / GIB:.3f} GiB "
+                    "(--run-folder-gb)")
+        return None

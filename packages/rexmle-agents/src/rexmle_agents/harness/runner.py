@@ -33,9 +33,10 @@ from rexmle_agents.harness.context import RunContext, TaskInfo
 from rexmle_agents.harness.hardware import describe
 from rexmle_agents.harness.instructions import render_instructions
 from rexmle_agents.harness.journal import Journal
-from rexmle_agents.harness.limits import GIB, EffectiveLimits, recorded_limits, resolve_limits
+from rexmle_agents.harness.limits import GIB, EffectiveLimits, RunFolderWatch, recorded_limits, resolve_limits
 from rexmle_agents.harness.paths import INSTRUCTIONS_FILENAME, RunPaths
-from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, Limits, Resources, RunSpec
+from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, Limits, Resources, RunSpec, data_variant
+from rexmle_agents.models._jsonl import clean_json
 from rexmle_agents.models.accounting import Budget, UsageLedger, UsageTotals
 from rexmle_agents.models.base import Model
 from rexmle_agents.safe_workspace import MAX_DEPTH, Workspace
@@ -78,24 +79,79 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
                data_root: str | Path | None = None, group: str = "default", selection_cases: int = 0,
                sandbox_image: str | None = None) -> RunSpec:
     """A checked :class:`RunSpec`; every problem is one clear error, and nothing is written."""
-    from rexmle_agents.sandbox import SandboxSpec, default_sandbox_kind, get_sandbox
     from rexmle_grade.settings import data_dir, rexmle_versions
-    from rexmle_tasks.pipeline import require_prepared, task_dirs
+    from rexmle_tasks.pipeline import task_dirs
     from rexmle_tasks.registry import get_task
 
     task = get_task(task_id)
     root = data_dir(data_root)
+    info = prepared_for_run(task, root)
+    config = dict(agent_config or {})
+    agent_info = ready_agent(agent, config, task.id)
+    models = dict(models or {})
+    for role, model in models.items():
+        check_model_string(model, role=role)
+    require_credentials(models)
+    require_roles(agent, agent_info.roles, models)
+    resources = resources or Resources()
+    # GPUs are not counted here: the executor that places the run does (this machine's for the local one; a SLURM
+    # cluster's for sbatch, which refuses a request no node can grant), and a submit host has none of its own
+    if selection_cases:  # checked now, so a task that cannot hold K cases out fails before any run; drawn at its start
+        from rexmle_tasks.selection import check_selection_request
+
+        check_selection_request(task.id, selection_cases, root)
+    kind = usable_sandbox(sandbox, task_dirs(task, root).public, image=sandbox_image,
+                          allow_unsandboxed=allow_unsandboxed)
+    # the variant comes from the prepared task's own record, so it says what was prepared, not what was asked for
+    variant = data_variant(synthetic=info.synthetic, difficulty=info.difficulty)
+    return RunSpec(task_id=task.id, task_version=task.meta.version, split_digest=info.split_digest,
+                   data_variant=variant, agent=agent,
+                   agent_version=agent_info.version, agent_config=config, models=models, seed=seed,
+                   limits=limits or Limits(), resources=resources, sandbox=kind, sandbox_image=sandbox_image,
+                   allow_unsandboxed=allow_unsandboxed, group=group, data_root=str(root),
+                   selection_cases=selection_cases,
+                   rexmle_versions=rexmle_versions())
+
+
+# The checks build_spec makes, each usable alone: `rexmle doctor` (rexmle_agents.doctor) calls the same functions and
+# shows what they raise as its rows, so a run and the doctor never disagree on what a run needs.
+
+
+def prepared_for_run(task: Any, root: Path) -> Any:
+    """The preparation record of ``task`` under the data root ``root``, prepared for the installed version."""
+    from rexmle_tasks.pipeline import require_prepared, task_dirs
+
     info = require_prepared(task, task_dirs(task, root))
     if info.task_version != task.meta.version:
         raise UserInputError(f"task {task.id!r} was prepared for version {info.task_version}, but version "
                              f"{task.meta.version} is installed",
                              hint=f"run `rexmle prepare {task.id} --force{' --synthetic' if info.synthetic else ''}`")
+    return info
+
+
+def ready_agent(agent: str, config: dict[str, Any], task_id: str | None) -> Any:
+    """The agent's registry entry, after making it with ``config`` and running its preflight for the task (none
+    without a task)."""
     agent_info = get_agent_info(agent)
-    config = dict(agent_config or {})
-    make_agent(agent, config)  # a bad setting fails here, not hours later on a cluster node
-    models = dict(models or {})
-    for role, model in models.items():
-        check_model_string(model, role=role)
+    made = make_agent(agent, config)  # a bad setting fails here, not hours later on a cluster node
+    preflight = getattr(made, "preflight", None)
+    if callable(preflight) and task_id is not None:  # what the agent needs for this task (e.g. the baseline's
+        preflight(task_id)  # extras) is there
+    return agent_info
+
+
+def require_roles(agent: str, roles: Sequence[str], models: Mapping[str, str]) -> None:
+    """A model for every role of the agent (one model, or a ``default``, serves them all)."""
+    missing = [r for r in roles if r not in models and "default" not in models and len(models) != 1]
+    if missing:
+        raise UserInputError(
+            f"agent {agent!r} needs a model for role(s) {', '.join(missing)}, and none was given",
+            hint="pass --model PROVIDER/MODEL (all roles) or --model ROLE=PROVIDER/MODEL, e.g. --model openai/gpt-5",
+        )
+
+
+def require_credentials(models: Mapping[str, str]) -> None:
+    """Every key and endpoint variable the models need is set."""
     from rexmle_agents.models.registry import missing_credentials
 
     unset = sorted({name for model in models.values() for name in missing_credentials(model)})
@@ -104,31 +160,19 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
                              f"{', '.join(sorted(set(models.values())))} need {'it' if len(unset) == 1 else 'them'}",
                              hint="export " + " ".join(f"{name}=..." for name in unset)
                                   + ", or replay a recorded run offline (--model replay:RUN/cassette.jsonl)")
-    missing = [r for r in agent_info.roles if r not in models and "default" not in models and len(models) != 1]
-    if missing:
-        raise UserInputError(
-            f"agent {agent!r} needs a model for role(s) {', '.join(missing)}, and none was given",
-            hint="pass --model PROVIDER/MODEL (all roles) or --model ROLE=PROVIDER/MODEL, e.g. --model openai/gpt-5",
-        )
-    resources = resources or Resources()
-    # GPUs are not counted here: the executor that places the run does (this machine's for the local one; a SLURM
-    # cluster's for sbatch, which refuses a request no node can grant), and a submit host has none of its own
-    if selection_cases:  # built (or reused) now, so a task that cannot hold K cases out fails before any run
-        from rexmle_tasks.selection import prepare_selection
 
-        prepare_selection(task.id, selection_cases, root)
+
+def usable_sandbox(sandbox: str, public: Path, *, image: str | None = None, allow_unsandboxed: bool = False) -> str:
+    """The sandbox kind ``sandbox`` stands for ("auto": the default), after checking its runtime works here for a
+    task whose public data is ``public``."""
+    from rexmle_agents.sandbox import SandboxSpec, default_sandbox_kind, get_sandbox
+
     kind = default_sandbox_kind() if sandbox == "auto" else sandbox
-    public = task_dirs(task, root).public
     # unknown, unavailable or refused runtimes fail now; making one has no side effects
     with tempfile.TemporaryDirectory(prefix="rexmle-probe-") as probe:
-        get_sandbox(kind, SandboxSpec(workspace=Path(probe), data=public, image=sandbox_image),
+        get_sandbox(kind, SandboxSpec(workspace=Path(probe), data=public, image=image),
                     allow_unsandboxed=allow_unsandboxed)
-    return RunSpec(task_id=task.id, task_version=task.meta.version, split_digest=info.split_digest, agent=agent,
-                   agent_version=agent_info.version, agent_config=config, models=models, seed=seed,
-                   limits=limits or Limits(), resources=resources, sandbox=kind, sandbox_image=sandbox_image,
-                   allow_unsandboxed=allow_unsandboxed, group=group, data_root=str(root),
-                   selection_cases=selection_cases,
-                   rexmle_versions=rexmle_versions())
+    return kind
 
 
 def check_model_string(model: str, *, role: str) -> None:
@@ -187,7 +231,8 @@ def read_status(paths: RunPaths) -> dict[str, Any]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    # text repaired (lone surrogates, nesting) by the run files' encoder; a NaN metric of grade.json stays a float
+    tmp.write_text(json.dumps(clean_json(data, keep_nonfinite=True)[0], indent=2) + "\n")
     os.replace(tmp, path)
 
 
@@ -375,7 +420,7 @@ class _Attempt:
         public = task_dirs(task, spec.data_root).public
         scorer = None
         if spec.selection_cases:
-            selection = selection_split(spec)
+            selection = selection_split(spec, paths)
             public = selection.agent_public
             scorer = SelectionScorer(selection, task.grader, paths.run_dir / "selection")
         info = TaskInfo(task_id=task.id, task_version=task.meta.version, grader_id=task.meta.grader,
@@ -400,6 +445,7 @@ class _Attempt:
                          journal=self.journal, ledger=ledger, models=models, deadline=deadline,
                          steps_done=previous.steps_finished, last_step=previous.steps_started, hardware=hardware,
                          selection_scorer=scorer)
+        ledger.gate = ctx.check_budget  # a call waiting for budget held by others stops at the deadline or a cancel
         self.journal.append("run_started" if attempt == 1 else "run_resumed", attempt=attempt, pid=os.getpid(),
                             host=socket.gethostname(), consumed_s=round(previous.consumed_s, 3),
                             steps_done=previous.steps_finished, sandbox=sandbox.kind, isolating=sandbox.isolating,
@@ -411,8 +457,11 @@ class _Attempt:
             logger.warning("run %s executes agent code WITHOUT a sandbox (--sandbox none)", spec.run_id)
             self.journal.append("warning", message="agent code ran without a sandbox (--sandbox none)")
         self._write_status("running", "", None, attempt, previous.consumed_s)
-        state, reason, limit = self._supervise(ctx, sandbox, attempt, previous.consumed_s)
-        self._finalise(ctx)
+        try:
+            state, reason, limit = self._supervise(ctx, sandbox, attempt, previous.consumed_s)
+            self._finalise(ctx)
+        finally:
+            sandbox.close()  # the run's identity is released (and scrubbed) with this attempt
         elapsed = previous.consumed_s + (time.monotonic() - self.started_mono)
         usage = ctx.ledger.totals()
         self.journal.append("run_finished", state=state, reason=reason, limit=limit, seconds=round(elapsed, 3),
@@ -472,6 +521,7 @@ class _Attempt:
         restore = self._install_signal_handlers(ctx, sandbox)
         retry_extension = 0.0
         disk = DiskWatch(ctx.fs, self.limits)
+        folder = RunFolderWatch(self.paths.run_dir, self.limits.run_folder_bytes)
         try:
             thread.start()
             next_beat = time.monotonic() + HEARTBEAT_S
@@ -493,6 +543,13 @@ class _Attempt:
                     ctx.cancelled.set()
                     ctx.kill_all()
                     self.journal.append("budget_exhausted", limit="disk", message=over, usage=disk.last)
+                grown = None if ctx.cancelled.is_set() else folder.check(now)
+                if grown is not None:
+                    ctx.cancel_reason = grown
+                    ctx.cancelled.set()
+                    ctx.kill_all()
+                    self.journal.append("budget_exhausted", limit=RunFolderWatch.LIMIT, message=grown,
+                                        usage=folder.last)
                 if ctx.cancelled.is_set():
                     thread.join(self.grace_s)
                     if thread.is_alive():
@@ -515,6 +572,8 @@ class _Attempt:
             reason = ctx.cancel_reason or "cancelled"
             if reason.startswith(DiskWatch.PREFIX):
                 return "finished", reason, "disk"
+            if reason.startswith(RunFolderWatch.PREFIX):
+                return "finished", reason, RunFolderWatch.LIMIT
             return ("timed_out", reason, "time") if reason.startswith("time limit") else ("cancelled", reason, None)
         if exc is None:
             return "finished", "the agent finished", None
@@ -525,10 +584,11 @@ class _Attempt:
             self.journal.append("budget_exhausted", limit=limit, message=text)
             return ("timed_out" if limit == "time" else "finished"), text, limit
         detail = "".join(traceback.format_exception(exc))
-        (self.paths.logs / "agent_error.txt").write_text(detail)
+        # an error may quote agent text UTF-8 cannot encode (lone surrogates): kept as \u escapes, never a crash
+        (self.paths.logs / "agent_error.txt").write_text(detail, encoding="utf-8", errors="backslashreplace")
         message = exc.message if isinstance(exc, RexmleError) else f"{type(exc).__name__}: {exc}"
         self.journal.append("agent_error", error=message, traceback=detail[-8000:])
-        return "failed", f"the agent raised {message}", None
+        return "failed", f"the agent raised {failure_summary(message)}", None
 
     def _install_signal_handlers(self, ctx: RunContext, sandbox: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
@@ -665,10 +725,32 @@ def make_run_sandbox(spec: RunSpec, paths: RunPaths, public_dir: Path, grader_id
     workspace = make(env).workspace_path
     sandbox = make({**env, "REXMLE_WORKSPACE": workspace, "REXMLE_PUBLIC_DIR": f"{workspace}/data"})
     paths.workspace.mkdir(parents=True, exist_ok=True)
+    if sandbox.drops_privileges:  # other ids may not list the run folder; unsandboxed code must reach its workspace
+        paths.run_dir.chmod(0o700 if sandbox.isolating else 0o711)
     sandbox.prepare_workspace()  # submission/, working/, the data view's mount point: real folders, never links
     if not sandbox.isolating and Workspace(paths.workspace).kind_of(DATA_DIRNAME) is None:
         paths.data_view.symlink_to(public_dir, target_is_directory=True)
     return sandbox
+
+
+SUMMARY_LINES = 4  # of an error's output tail, in a failed run's one-line reason
+SUMMARY_CHARS = 600
+
+
+def failure_summary(message: str) -> str:
+    """One line for a failed run's status: the error's first line (what happened) and the last meaningful lines of
+    the rest (an output tail ends with the error that mattered), bounded. The full text is in ``agent_error``."""
+    lines = [line.strip() for line in message.splitlines()]
+    head = lines[0] if lines else ""
+    tail = [line for line in lines[1:] if any(c.isalnum() for c in line)][-SUMMARY_LINES:]
+    if len(head) > SUMMARY_CHARS // 2 and tail:
+        head = head[: SUMMARY_CHARS // 2 - 1] + "…"
+    text = " | ".join([head, *tail])
+    if len(text) <= SUMMARY_CHARS:
+        return text
+    if not tail:
+        return head[: SUMMARY_CHARS - 1] + "…"
+    return head + " | …" + " | ".join(tail)[-(SUMMARY_CHARS - len(head) - 4):]
 
 
 def choose_final(events: Sequence[Mapping[str, Any]]) -> str | None:
@@ -742,10 +824,18 @@ def agent_choice(events: Sequence[Mapping[str, Any]]) -> str | None:
 # the held-out selection split (--selection-cases)
 
 
-def selection_split(spec: RunSpec) -> Any:
-    from rexmle_tasks.selection import prepare_selection
+def selection_split(spec: RunSpec, paths: RunPaths) -> Any:
+    """The run's selection split, drawn with its own secret: made on the first attempt and kept in the run folder
+    (never mounted into the sandbox), so a resumed attempt and the grading find the same split."""
+    from rexmle_tasks.pipeline import read_secret, write_secret
+    from rexmle_tasks.selection import SELECTION_SECRET_FILE, new_secret, prepare_selection
 
-    return prepare_selection(spec.task_id, spec.selection_cases, Path(spec.data_root))
+    where = paths.run_dir / SELECTION_SECRET_FILE
+    secret = read_secret(where)
+    if secret is None:
+        secret = new_secret()
+        write_secret(where, secret)
+    return prepare_selection(spec.task_id, spec.selection_cases, Path(spec.data_root), secret=secret)
 
 
 class SelectionScorer:
@@ -811,13 +901,14 @@ def grade_run(spec: RunSpec, paths: RunPaths) -> ReportEntry:
     from rexmle_grade.evaluate import evaluate_submission
     from rexmle_grade.targets import resolve_target
 
-    labels = {"agent": spec.agent, "seed": str(spec.seed), "run_id": spec.run_id, "group": spec.group}
+    labels = {"agent": spec.agent, "seed": str(spec.seed), "run_id": spec.run_id, "group": spec.group,
+              "data_variant": spec.data_variant}
     submission = paths.final_submission
     if spec.selection_cases:  # the task's grade: the real test cases only, on the task's own leaderboard
         from rexmle_grade.grader import get_grader
         from rexmle_tasks.selection import restrict_submission
 
-        selection = selection_split(spec)
+        selection = selection_split(spec, paths)
         target = selection.test
         submission = paths.run_dir / "final_test_view"
         if submission.exists():

@@ -1,8 +1,14 @@
 """The unit of work: :class:`RunSpec` (one agent on one task with one seed), written to ``spec.json``.
 
-A run id is derived from the fields that define what runs (task + version + split, agent + version + config,
-models, seed, limits, resources, sandbox), so re-running the same spec finds the same folder and resumes it.
+A run id is derived from the fields that define what runs (task + version + split + data variant, agent + version +
+config, models, seed, limits, resources, sandbox), so re-running the same spec finds the same folder and resumes it.
 Package versions and where the data lives are recorded but do not change the id.
+
+The data variant (:func:`data_variant`) says which data the task was prepared from: ``real``, or a synthetic
+mirror at its difficulty (``synthetic-easy``, ``synthetic-realistic``). Easy and realistic mirrors of a task share
+their case ids and so their split digest: without the variant in the id, a realistic run would resume (or silently
+return) an easy run's folder. A ``spec.json`` written before variants were recorded reads as ``unknown``, and its
+id is computed as it was then, so such folders keep their ids.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from rexmle_grade.errors import UserInputError
 RUN_FORMAT_VERSION = 1
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 _UNIT_S = {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+REAL_VARIANT = "real"
+UNKNOWN_VARIANT = "unknown"  # a spec.json written before variants were recorded
 
 
 class _Frozen(BaseModel):
@@ -34,6 +42,18 @@ def parse_duration(text: str | float | int) -> float:
     if match is None:
         raise UserInputError(f"{text!r} is not a duration", hint="use seconds or a unit: 90s, 15m, 12h, 1d")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def data_variant(*, synthetic: bool, difficulty: str | None) -> str:
+    """``real``, or ``synthetic-<difficulty>`` (a synthetic preparation that records no difficulty is ``easy``: the
+    record leaves ``easy`` out, and mirrors made before difficulties existed were easy)."""
+    return f"synthetic-{difficulty or 'easy'}" if synthetic else REAL_VARIANT
+
+
+def data_kind_of(variant: str) -> str:
+    """``real``, ``synthetic`` or ``unknown``: what decides whether a result is comparable with the human board."""
+    return "synthetic" if variant.startswith("synthetic") else REAL_VARIANT if variant == REAL_VARIANT \
+        else UNKNOWN_VARIANT
 
 
 class Limits(_Frozen):
@@ -60,6 +80,8 @@ class Resources(_Frozen):
     max_file_gb: float | None = Field(default=64.0, gt=0)
     disk_gb: float | None = Field(default=None, gt=0)  # bytes the workspace may hold
     max_files: int = Field(default=1_000_000, ge=100)  # entries the workspace may hold
+    # bytes the run folder may hold besides the workspace (journal, cassette, logs, snapshots); None: the default
+    run_folder_gb: float | None = Field(default=None, gt=0)
 
 
 class RunSpec(_Frozen):
@@ -69,6 +91,9 @@ class RunSpec(_Frozen):
     task_id: str
     task_version: str
     split_digest: str
+    data_variant: str = Field(default=UNKNOWN_VARIANT, pattern=r"^(real|unknown|synthetic-[a-z0-9-]+)$",
+                              description="the data the task was prepared from: real, synthetic-easy, "
+                                          "synthetic-realistic (unknown: written before variants were recorded)")
     agent: str
     agent_version: str
     agent_config: dict[str, Any] = Field(default_factory=dict)
@@ -88,7 +113,11 @@ class RunSpec(_Frozen):
     rexmle_versions: dict[str, str] = Field(default_factory=dict)
 
     def identity(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude={"group", "data_root", "rexmle_versions"})
+        legacy = {"data_variant"} if self.data_variant == UNKNOWN_VARIANT else set()  # keeps old folders' ids
+        exclude: dict[str, Any] = dict.fromkeys(("group", "data_root", "rexmle_versions", *legacy), True)
+        if self.resources.run_folder_gb is None:  # the default leaves the ids of older specs as they were
+            exclude["resources"] = {"run_folder_gb"}
+        return self.model_dump(mode="json", exclude=exclude)
 
     @property
     def run_id(self) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
 from importlib import resources
@@ -16,14 +18,21 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rexmle_agents.models._jsonl import append_jsonl
-from rexmle_agents.models.types import ModelResponse, Usage
+from rexmle_agents.models._jsonl import append_jsonl, dumps_strict
+from rexmle_agents.models.types import Message, ModelResponse, ToolSpec, Usage
 from rexmle_grade.errors import BudgetExceededError, ConfigurationError
 
 logger = logging.getLogger(__name__)
 
 # Dated snapshots (gpt-5-2025-08-07, claude-sonnet-4-5-20250929) cost what their undated model costs.
 _SNAPSHOT_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+# Tokenisers spend about 4 bytes of English per token; 3 leaves room for code, numbers and other languages.
+BYTES_PER_TOKEN = 3
+# The few tokens a chat format adds around each message (role, separators) and around the whole prompt.
+TOKENS_PER_MESSAGE = 4
+TOKENS_PER_PROMPT = 3
+# How often a call waiting for budget to be freed re-runs the ledger's gate (the run's deadline and cancellation).
+RESERVATION_POLL_S = 0.5
 
 
 class _Frozen(BaseModel):
@@ -164,6 +173,8 @@ class Budget:
     """Limits on a run's model use; ``None`` means no limit. Tokens count input plus output.
 
     A call whose usage the provider did not report adds nothing to either count (see ``unknown_usage_calls``).
+    :class:`UsageLedger` enforces the limits by reservation (see there): calls made at once spend at most the
+    budget plus one call's reservation.
     """
 
     max_tokens: int | None = None
@@ -185,21 +196,72 @@ class Budget:
             )
 
 
+def estimate_input_tokens(messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> int:
+    """A conservative count of a prompt's tokens without a tokeniser: UTF-8 bytes / :data:`BYTES_PER_TOKEN` of
+    every message's text, tool calls and tool schemas, plus the chat format's overhead per message."""
+    # never raises on what an agent or a model wrote (lone surrogates, NaN, nesting past any recursion limit)
+    size = sum(len(m.content.encode("utf-8", "surrogatepass")) for m in messages)
+    size += sum(len(c.name) + len(dumps_strict(c.arguments)) for m in messages for c in m.tool_calls)
+    size += sum(len(dumps_strict(t)) for t in tools)
+    return math.ceil(size / BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_PROMPT
+
+
+@dataclass(frozen=True)
+class CallEstimate:
+    """The worst case of one call, reserved before it is sent.
+
+    ``output_tokens`` is the call's length limit; ``None`` (the call sets none) reserves whatever the budget has
+    left. ``price`` turns tokens into dollars (input price for input, output price for output); ``None``
+    (unpriced) reserves the whole money budget left.
+    """
+
+    input_tokens: int
+    output_tokens: int | None
+    price: ModelPrice | None = None
+
+
+class Reservation:
+    """What one call holds of the budget between :meth:`UsageLedger.reserve` and its settlement or release."""
+
+    def __init__(self, estimate: CallEstimate) -> None:
+        self.estimate = estimate
+        self.tokens = 0
+        self.cost_usd = 0.0
+        self.settled = False
+
+
 class UsageLedger:
     """Per-step and per-run usage of every model a run uses; thread-safe.
 
     The harness calls :meth:`begin_step` as each agent step starts; every :class:`~rexmle_agents.models.base.Model`
     sharing the ledger records its calls against the current step. With ``journal``, each call is appended to that
     JSON-lines file (durably) as a :class:`CallRecord`, so the journal's last line always holds the run totals.
+
+    **Budgets are reserved, not just checked.** Every call reserves its worst case (:meth:`reserve`) before it is
+    sent: its estimated input tokens plus its output limit (the budget left when it sets none), and those tokens
+    priced for the money budget. The reservation is held while the call waits for a concurrency slot and while it
+    is retried, and is settled with the real usage when the answer arrives (:meth:`record`) or released when the
+    call fails (:meth:`release`). A reservation is granted when spent + reserved + its own worst case fit the budget,
+    or when no other call holds one; otherwise the call waits for calls in flight to settle (re-running ``gate``,
+    if set, every :data:`RESERVATION_POLL_S` seconds: the harness passes its deadline and cancellation check, so a
+    wait never outlives the run). Once spent >= budget every call is refused with :class:`BudgetExceededError`.
+    So calls made at once never spend more than the budget plus one call's reservation (the one granted alone),
+    as long as each call spends at most its worst case: output is capped by the call's own limit, and the input
+    estimate (:func:`estimate_input_tokens`) errs high for ordinary text; a call whose usage the provider did not
+    report counts nothing (``unknown_usage_calls``).
     """
 
     def __init__(self, journal: Path | None = None, budget: Budget | None = None) -> None:
         self.journal = journal
         self.budget = budget
         self.step: int | None = None
+        # Raises to stop a call waiting for budget (time limit, cancellation); called without the ledger's lock.
+        self.gate: Callable[[], None] | None = None
         self._run = UsageTotals()
         self._steps: dict[int, UsageTotals] = {}
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._held: list[Reservation] = []
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -208,8 +270,86 @@ class UsageLedger:
         if self.budget is not None:
             self.budget.check(self.totals())
 
-    def record(self, model: str, response: ModelResponse, *, duration_s: float) -> CallRecord:
+    def recheck(self) -> None:
+        """The check a call repeats when it gets its concurrency slot: the gate, then spent >= budget."""
+        if self.gate is not None:
+            self.gate()
+        self.check_budget()
+
+    def reserve(self, estimate: CallEstimate) -> Reservation:
+        """Hold ``estimate``'s worst case against the budget, waiting while calls in flight hold what is left.
+
+        Raises :class:`BudgetExceededError` once spent >= budget (or when the gate raises while waiting).
+        """
+        reservation = Reservation(estimate)
+        waited = False
+        while True:
+            with self._lock:
+                if self.budget is not None:
+                    self.budget.check(self._run)
+                if self._grant(reservation):
+                    return reservation
+                if not waited:
+                    logger.info("a model call waits for budget: %d call(s) in flight hold what is left of it",
+                                len(self._held))
+                    waited = True
+                self._settled.wait(timeout=RESERVATION_POLL_S)
+            if self.gate is not None:
+                self.gate()
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back what a failed call held; settling twice is harmless."""
         with self._lock:
+            self._drop(reservation)
+
+    def reserved(self) -> tuple[int, float]:
+        """Tokens and dollars held by calls in flight."""
+        with self._lock:
+            return sum(r.tokens for r in self._held), sum(r.cost_usd for r in self._held)
+
+    def _grant(self, reservation: Reservation) -> bool:
+        budget = self.budget
+        if budget is None:
+            self._held.append(reservation)
+            return True
+        estimate = reservation.estimate
+        spent_tokens, spent_usd = self._run.usage.total_tokens, self._run.cost_usd
+        held_tokens = sum(r.tokens for r in self._held)
+        held_usd = sum(r.cost_usd for r in self._held)
+        tokens = estimate.input_tokens
+        if estimate.output_tokens is not None:
+            tokens += max(0, estimate.output_tokens)
+        elif budget.max_tokens is not None:
+            tokens += max(0, budget.max_tokens - spent_tokens)
+        cost = 0.0
+        if budget.max_cost_usd is not None:
+            left_usd = max(0.0, budget.max_cost_usd - spent_usd)
+            if estimate.price is None:
+                cost = math.inf  # its cost is known only once it is answered: it runs alone
+            elif estimate.output_tokens is None:
+                cost = estimate.price.cost(Usage(input_tokens=estimate.input_tokens)) + left_usd
+            else:
+                cost = estimate.price.cost(Usage(input_tokens=estimate.input_tokens,
+                                                 output_tokens=max(0, estimate.output_tokens)))
+        fits = (budget.max_tokens is None or spent_tokens + held_tokens + tokens <= budget.max_tokens) and (
+            budget.max_cost_usd is None or spent_usd + held_usd + cost <= budget.max_cost_usd)
+        if self._held and not fits:  # a call is always granted alone: that one may pass the budget
+            return False
+        reservation.tokens, reservation.cost_usd = tokens, cost
+        self._held.append(reservation)
+        return True
+
+    def _drop(self, reservation: Reservation | None) -> None:
+        if reservation is not None and not reservation.settled:
+            reservation.settled = True
+            self._held.remove(reservation)
+            self._settled.notify_all()
+
+    def record(self, model: str, response: ModelResponse, *, duration_s: float,
+               reservation: Reservation | None = None) -> CallRecord:
+        """Add an answered call to the totals (and the journal), settling its ``reservation`` in the same step."""
+        with self._lock:
+            self._drop(reservation)
             step = self.step
             self._run = self._run.plus(response)
             step_totals = None

@@ -8,6 +8,7 @@ the same for every provider: the retry policy, the concurrency limit, cost, and 
 from __future__ import annotations
 
 import email.utils
+import errno
 import json
 import logging
 import threading
@@ -29,7 +30,15 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from rexmle_agents.models.accounting import ModelPrice, PriceTable, UsageLedger, load_prices
+from rexmle_agents.models.accounting import (
+    CallEstimate,
+    ModelPrice,
+    PriceTable,
+    Reservation,
+    UsageLedger,
+    estimate_input_tokens,
+    load_prices,
+)
 from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, ToolCall, ToolSpec
 from rexmle_grade.errors import ConfigurationError, ModelAPIError
 
@@ -44,8 +53,9 @@ class TransientModelAPIError(ModelAPIError):
     """A failure that may succeed when tried again (rate limit, timeout, 5xx, dropped connection).
 
     ``retry_after_s`` is the wait the server asked for, if it said; ``timeout_s`` is set when the attempt timed out
-    (no answer within that many seconds). :class:`Model` retries these; a backend used on its own surfaces them
-    like any :class:`ModelAPIError`.
+    (no answer within that many seconds); ``refused`` when nothing accepted the connection (ECONNREFUSED), which
+    :class:`Model` retries only once. :class:`Model` retries these; a backend used on its own surfaces them like
+    any :class:`ModelAPIError`.
     """
 
     def __init__(
@@ -54,10 +64,12 @@ class TransientModelAPIError(ModelAPIError):
         *,
         retry_after_s: float | None = None,
         timeout_s: float | None = None,
+        refused: bool = False,
         hint: str | None = None,
     ) -> None:
         self.retry_after_s = retry_after_s
         self.timeout_s = timeout_s
+        self.refused = refused
         super().__init__(message, hint=hint)
 
 
@@ -119,6 +131,36 @@ def timed_out(model: str, timeout_s: float) -> TransientModelAPIError:
     return TransientModelAPIError(f"{model}: timed out: no answer within {timeout_s:g} s", timeout_s=timeout_s)
 
 
+def connection_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a refused TCP connection: nothing listens there."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionRefusedError) or (
+            isinstance(current, OSError) and current.errno == errno.ECONNREFUSED
+        ):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def connection_failed(model: str, exc: BaseException) -> TransientModelAPIError:
+    """A failed connection; a refused one says where it went and that the base URL is the likely fault."""
+    if not connection_refused(exc):
+        return TransientModelAPIError(f"{model}: connection failed: {exc.__cause__ or exc}")
+    try:
+        where = f" at {exc.request.url}"  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # httpx2's errors raise RuntimeError when they carry no request
+        where = ""
+    return TransientModelAPIError(
+        f"{model}: connection refused{where}: nothing is listening there",
+        refused=True,
+        hint="check the base URL (openai-compatible/NAME@URL, base_url=..., $OPENAI_BASE_URL, "
+        "$ANTHROPIC_BASE_URL, $AZURE_OPENAI_ENDPOINT) and that the server is running",
+    )
+
+
 @contextmanager
 def translating_sdk_errors(
     sdk: ModuleType, model: str, *, key_env: str, timeout_s: float, transport: ModuleType | None = None
@@ -137,8 +179,10 @@ def translating_sdk_errors(
     except (sdk.APITimeoutError, *raw_timeout) as exc:
         raise timed_out(model, timeout_s) from exc
     except sdk.APIConnectionError as exc:
-        raise TransientModelAPIError(f"{model}: connection failed: {exc.__cause__ or exc}") from exc
+        raise connection_failed(model, exc) from exc
     except raw_transport as exc:
+        if connection_refused(exc):
+            raise connection_failed(model, exc) from exc
         raise TransientModelAPIError(f"{model}: connection lost: {type(exc).__name__}: {exc}") from exc
     except sdk.APIError as exc:  # an error event inside a stream: the server broke off mid-answer
         raise TransientModelAPIError(f"{model}: the stream reported an error: {exc.message}") from exc
@@ -193,7 +237,12 @@ class Model:
     """A backend plus retries, a concurrency limit, cost and usage accounting: what agents call.
 
     ``max_concurrency`` bounds the calls in flight through this object (threads share it); retry back-off does
-    not hold a slot. With a ``ledger``, every call is recorded and the ledger's budget is checked before each call.
+    not hold a slot. With a ``ledger``, every call reserves its worst case against the ledger's budget before it
+    is sent (:meth:`UsageLedger.reserve`: estimated input tokens plus ``GenerateConfig.max_tokens``, or all the
+    budget left when unset), keeps it while it waits for a slot and while it is retried, checks the budget again
+    each time it gets a slot, and settles it with the real usage when the answer arrives (released on failure):
+    calls made at once spend at most the budget plus one call's reservation. A refused connection (nothing
+    listens at the base URL) is retried once, then raised as a permanent :class:`ModelAPIError`.
     """
 
     def __init__(
@@ -217,6 +266,8 @@ class Model:
         # an Azure deployment's name does not say which model it serves: each call is priced as the OpenAI model
         # its response names (a Global deployment costs OpenAI's list price), unless the table prices the deployment
         self._price_per_response = self.price is None and self.name.startswith(AZURE_PREFIX)
+        # the price the deployment's last answer named: what its next calls reserve (none yet: they run alone)
+        self._answered_price: ModelPrice | None = None
         if self.price is None and not self._price_per_response:
             logger.warning("%s is not in the price table: its calls are counted in tokens, not dollars", self.name)
             if ledger is not None and ledger.budget is not None and ledger.budget.max_cost_usd is not None:
@@ -224,6 +275,11 @@ class Model:
                     f"a money budget is set but {self.name} has no price, so its cost cannot be counted",
                     hint="add the model to the price table, or use a token budget (Budget(max_tokens=...))",
                 )
+
+    def estimate(self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig) -> CallEstimate:
+        """The worst case of a call, as it is reserved against the ledger's budget."""
+        return CallEstimate(input_tokens=estimate_input_tokens(messages, tools), output_tokens=config.max_tokens,
+                            price=self.price or self._answered_price)
 
     def generate(
         self,
@@ -235,8 +291,20 @@ class Model:
         if isinstance(messages, str):
             messages = [Message.user(messages)]
         config = config or GenerateConfig()
-        if self.ledger is not None:
-            self.ledger.check_budget()
+        ledger = self.ledger
+        reservation = ledger.reserve(self.estimate(messages, tools, config)) if ledger is not None else None
+        try:
+            response, started = self._attempts(messages, tools, config, ledger)
+        except BaseException:
+            if ledger is not None and reservation is not None:
+                ledger.release(reservation)
+            raise
+        return self._account(response, started, ledger, reservation)
+
+    def _attempts(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig, ledger: UsageLedger | None
+    ) -> tuple[ModelResponse, float]:
+        """The answer of the first attempt that succeeds, and when the attempts began."""
         started = attempt_started = time.monotonic()
         retrying = Retrying(
             retry=retry_if_exception_type(TransientModelAPIError),
@@ -247,29 +315,43 @@ class Model:
             before_sleep=self._log_retry,
         )
         timeouts: list[float] = []  # the limit of each attempt that timed out
+        refusals = 0
         try:
             for attempt in retrying:
                 with attempt:
                     attempt_started = time.monotonic()
                     try:
                         with self._slots:
+                            if ledger is not None:  # the budget may have been spent while this call queued
+                                ledger.recheck()
                             response = self.backend.generate(messages, tools, config)
                     except TransientModelAPIError as exc:
                         if exc.timeout_s is not None:
                             timeouts.append(exc.timeout_s)
+                        refusals += exc.refused
+                        if refusals >= 2:  # twice refused: nothing listens there, retrying for minutes won't help
+                            raise ModelAPIError(
+                                f"{exc.message} (refused {refusals} times; not retried further)", hint=exc.hint
+                            ) from exc
                         raise
         except RetryError as exc:
             raise self._gave_up(
                 attempt.retry_state, time.monotonic() - started, timeouts
             ) from exc.last_attempt.exception()
+        return response.model_copy(update={"retry_time_s": attempt_started - started}), started
+
+    def _account(
+        self, response: ModelResponse, started: float, ledger: UsageLedger | None, reservation: Reservation | None
+    ) -> ModelResponse:
         price = self.price
         if self._price_per_response and response.model:
             price = self._prices.lookup(f"openai/{response.model}")
+            self._answered_price = price or self._answered_price
         cost = price.cost(response.usage) if price is not None and response.usage_known else None
-        response = response.model_copy(update={"cost_usd": cost, "retry_time_s": attempt_started - started})
-        if self.ledger is not None:
-            self.ledger.record(self.name, response, duration_s=time.monotonic() - started)
-            budget = self.ledger.budget
+        response = response.model_copy(update={"cost_usd": cost})
+        if ledger is not None:
+            ledger.record(self.name, response, duration_s=time.monotonic() - started, reservation=reservation)
+            budget = ledger.budget
             if price is None and budget is not None and budget.max_cost_usd is not None:  # an Azure deployment
                 raise ConfigurationError(
                     f"a money budget is set but {self.name} answered as model {response.model or '(unnamed)'!r}, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rexmle_agents.models._jsonl import append_jsonl
+from rexmle_agents.models._jsonl import append_jsonl, clean_json
 from rexmle_agents.models.base import ModelBackend
 from rexmle_agents.models.types import GenerateConfig, Message, ModelResponse, ToolSpec
 from rexmle_grade.errors import ModelAPIError, UserInputError
@@ -29,17 +30,33 @@ _TRANSPORT_FIELDS = {"timeout_s", "stream"}
 def normalised_request(
     model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig
 ) -> dict[str, Any]:
+    # python mode (made JSON when hashed and when written, with notes of what was repaired): pydantic's JSON mode
+    # stops at ~255 levels, and tool arguments a model or an agent nested deeper must not make the call raise
     return {
         "model": model,
-        "messages": [m.model_dump(mode="json") for m in messages],
-        "tools": [t.model_dump(mode="json") for t in tools],
-        "config": config.model_dump(mode="json", exclude=_TRANSPORT_FIELDS),
+        "messages": [m.model_dump(mode="python") for m in messages],
+        "tools": [t.model_dump(mode="python") for t in tools],
+        "config": config.model_dump(mode="python", exclude=_TRANSPORT_FIELDS),
     }
 
 
+# Lines an agent's tool framing writes differently on every run of the same command (Codex CLI heads each command
+# output with a random chunk id and the wall time): left out of the key only, so such a recorded run replays
+_VOLATILE_TOOL_LINES = re.compile(r"(?m)^(?:Chunk ID: [0-9a-f]+|Wall time: [0-9.]+ seconds)$")
+
+
+def _stable_tool_outputs(request: dict[str, Any]) -> dict[str, Any]:
+    messages = [{**m, "content": _VOLATILE_TOOL_LINES.sub("", m["content"])}
+                if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str) else m
+                for m in request.get("messages") or ()]
+    return {**request, "messages": messages} if "messages" in request else request
+
+
 def request_key(request: dict[str, Any]) -> str:
-    """A stable hash of a normalised request (canonical JSON: sorted keys, no whitespace)."""
-    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """A stable hash of a normalised request (canonical JSON: sorted keys, no whitespace), taken after the run
+    files' repairs (:func:`clean_json`: a lone surrogate or a NaN in relayed agent text cannot make it raise)."""
+    canonical = json.dumps(clean_json(_stable_tool_outputs(request))[0], sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -49,6 +66,7 @@ class CassetteEntry(BaseModel):
     key: str
     request: dict[str, Any]
     response: ModelResponse
+    repaired: dict[str, str] | None = None  # what JSON could not hold, repaired when written (see append_jsonl)
 
 
 class RecordingBackend:

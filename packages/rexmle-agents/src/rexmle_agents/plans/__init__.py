@@ -1,7 +1,7 @@
 """Experiment plans: a group of runs written down as data (YAML), run with one command and reported with another.
 
 ```bash
-rexmle run --plan paper-main --dry-run             # what it would run (540 runs), nothing checked or written
+rexmle run --plan paper-main --dry-run             # what it would run (540 runs) and what would refuse it
 rexmle run --plan paper-main --executor slurm --partition gpu
 rexmle report --plan paper-main                    # the plan's table, grouped as the plan says
 ```
@@ -17,6 +17,7 @@ role -> model. Shipped plans (this folder): ``paper-main``, ``ablation-time-budg
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,3 +141,23 @@ def expand(plan: Plan, *, select_tasks: Callable[[str], list[str]],
             requests.append(RunRequest(task_id=task_id, agent=agent, agent_config=config, models=model, seed=seed,
                                        options=base.model_copy(update={"time_limit": limit})))
     return requests
+
+
+def refusals(requests: list[RunRequest]) -> list[tuple[str, int, str]]:
+    """What would refuse runs of a plan before they start, found by making each distinct agent with its settings
+    (nothing runs, nothing is written): unknown settings, or a checkout still at a shipped plan's placeholder path.
+    Each is (agent, number of runs, the refusal and its hint)."""
+    from rexmle_agents.harness.agent import make_agent
+    from rexmle_grade.errors import RexmleError
+
+    counts: dict[tuple[str, str], int] = {}
+    for request in requests:
+        key = (request.agent, json.dumps(request.agent_config, sort_keys=True))
+        counts[key] = counts.get(key, 0) + 1
+    found = []
+    for (agent, config), count in counts.items():
+        try:
+            make_agent(agent, json.loads(config))
+        except RexmleError as exc:
+            found.append((agent, count, exc.message + (f" ({exc.hint})" if exc.hint else "")))
+    return found

@@ -9,7 +9,9 @@ call itself goes through the backend (which may stream), so retries, accounting 
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -35,8 +37,106 @@ ANTHROPIC = "anthropic"
 _ANTHROPIC_STOP = {FINISH_STOP: "end_turn", FINISH_LENGTH: "max_tokens", FINISH_TOOL_CALLS: "tool_use"}
 
 
+# The shape a request body may have. Python's json module recurses once per nesting level (a deep body is a
+# RecursionError, and a structure just under that limit breaks whatever recurses over it later: pydantic, the
+# journal's writer), and a body of many tiny values ("[{},{},...]") grows about 20 times in memory once parsed.
+# Real requests nest a tool's JSON schema a dozen levels deep and hold a few thousand values.
+MAX_JSON_DEPTH = 64
+MAX_JSON_VALUES = 100_000
+BRIEF_CHARS = 120  # of a value quoted in an error message
+_SCAN_CHUNK = 2**18  # the shape scan's slice: its temporary copies (and a split of it) stay a few MiB
+
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1, +1, -1, -1 as signed bytes
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class ProtocolError(ValueError):
     """A request the relay cannot translate; answered with HTTP 400 and this message."""
+
+
+def brief(value: Any) -> str:
+    """A value the agent sent, quoted in an error message: its repr, cut short (never the repr of a huge object)."""
+    if isinstance(value, str):
+        return repr(value[:BRIEF_CHARS]) + ("..." if len(value) > BRIEF_CHARS else "")
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)[:BRIEF_CHARS]
+    return f"a {type(value).__name__}"
+
+
+def json_shape_problem(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_values: int = MAX_JSON_VALUES) -> str | None:
+    """Why ``raw`` nests too deep or holds too many values to be parsed, or None; measured on the bytes, before
+    any object exists, with C-speed byte operations on slices of ``_SCAN_CHUNK`` (no Python loop over characters,
+    no copy of the whole body): escaped backslashes and quotes are dropped, the strings cut out between the
+    remaining quotes, and the commas and brackets left outside them counted, the brackets' running depth taken."""
+    quotes = values = depth = 0
+    in_string = escaped = False
+    for start in range(0, len(raw), _SCAN_CHUNK):
+        chunk = raw[start + escaped:start + _SCAN_CHUNK]  # a backslash that ended the last slice escapes a byte
+        chunk = chunk.replace(b"\\\\", b"")
+        escaped = chunk.endswith(b"\\")
+        chunk = chunk[:-1].replace(b'\\"', b"") if escaped else chunk.replace(b'\\"', b"")
+        pieces = chunk.split(b'"')
+        quotes += len(pieces) - 1
+        if quotes > 4 * max_values:  # every string is a key or a value
+            return f"the body holds more than {2 * max_values} strings; at most {2 * max_values} are accepted"
+        outside = b"".join(pieces[1::2] if in_string else pieces[::2])
+        in_string ^= (len(pieces) - 1) % 2 == 1
+        values += outside.count(b",") + outside.count(b"[") + outside.count(b"{")
+        if values + 1 > max_values:
+            return f"the body holds more than {max_values} JSON values; at most {max_values} are accepted"
+        steps = memoryview(outside.translate(None, _NOT_BRACKET).translate(_BRACKET_STEPS)).cast("b")
+        if len(steps) and max(itertools.accumulate(steps, initial=depth)) > max_depth:
+            return f"the body nests more than {max_depth} levels deep; at most {max_depth} are accepted"
+        depth += sum(steps)
+    return None
+
+
+def _no_constants(name: str) -> Any:
+    raise ProtocolError(f"{name} is not a JSON number")
+
+
+def decode_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_values: int = MAX_JSON_VALUES) -> Any:
+    """A request body parsed within the bounds above; bad UTF-8, NaN/Infinity and lone surrogates (which no
+    provider accepts and the journal cannot write) are a :class:`ProtocolError`."""
+    problem = json_shape_problem(raw, max_depth=max_depth, max_values=max_values)
+    if problem is not None:
+        raise ProtocolError(problem)
+    try:
+        value = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:  # not reached within the depth bound; kept so that no body can raise it
+        raise ProtocolError("the body nests too deep") from None
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"the body is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(value):
+        raise ProtocolError("the body holds a lone UTF-16 surrogate (\\udXXX without its pair)")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    pending = [value]
+    while pending:  # a loop, not recursion: the depth is bounded but the walk need not rely on it
+        item = pending.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def _tool_call(call_id: str, name: str, arguments: str) -> ToolCall:
+    """A tool call whose arguments are JSON text inside the body: held to the body's bounds before parsing."""
+    problem = json_shape_problem(arguments.encode("utf-8", "surrogatepass"))
+    if problem is not None:
+        raise ProtocolError(f"a tool call's arguments: {problem}")
+    return tool_call_from_json(call_id, name, arguments)
 
 
 @dataclass(frozen=True)
@@ -61,6 +161,16 @@ def _obj(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _media_noted(content: Any) -> Any:
+    """An Anthropic tool result's parts with images and documents (Claude Code's Read of a PNG or a PDF) replaced by
+    a note: the relay passes text only, and refusing the call would end the agent's session."""
+    if not isinstance(content, list):
+        return content
+    return [{"type": "text", "text": f"[{part['type']} omitted: the model relay of this run passes text only; "
+                                     "inspect the file with code instead]"}
+            if isinstance(part, dict) and part.get("type") in ("image", "document") else part for part in content]
+
+
 def _text(content: Any, what: str) -> str:
     """Text content: a string, or a list of text parts (other part kinds, such as images, are refused)."""
     if content is None:
@@ -79,7 +189,7 @@ def _text(content: Any, what: str) -> str:
             elif part.get("type") == "refusal":
                 texts.append(str(part.get("refusal") or ""))
             else:
-                raise ProtocolError(f"{what} has a part of type {part.get('type')!r}; the relay passes text only")
+                raise ProtocolError(f"{what} has a part of type {brief(part.get('type'))}; the relay passes text only")
         return "".join(texts)
     raise ProtocolError(f"{what} must be a string or a list of text parts")
 
@@ -87,13 +197,13 @@ def _text(content: Any, what: str) -> str:
 def _config(body: Mapping[str, Any], *, max_tokens_keys: tuple[str, ...], stop_key: str | None) -> GenerateConfig:
     max_tokens = next((body[k] for k in max_tokens_keys if body.get(k) is not None), None)
     stop = body.get(stop_key) if stop_key else None
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     temperature = body.get("temperature")
     try:
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         return GenerateConfig(temperature=None if temperature is None else float(temperature),
                               max_tokens=None if max_tokens is None else int(max_tokens), stop=stops)
     except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"bad generation settings: {exc}") from None
+        raise ProtocolError(f"bad generation settings: {str(exc)[:300]}") from None
 
 
 def _require_model(body: Mapping[str, Any]) -> str:
@@ -109,10 +219,11 @@ def _openai_tool_choice(choice: Any) -> str | None:
     if choice in ("none", "required"):
         return str(choice)
     if isinstance(choice, dict):
-        name = choice.get("name") or (choice.get("function") or {}).get("name")
+        function = choice.get("function")
+        name = choice.get("name") or (function.get("name") if isinstance(function, dict) else None)
         if isinstance(name, str) and name:
             return name
-    raise ProtocolError(f"unsupported tool_choice {choice!r}")
+    raise ProtocolError(f"unsupported tool_choice {brief(choice)}")
 
 
 def parse_chat(body: Mapping[str, Any]) -> RelayRequest:
@@ -135,7 +246,7 @@ def parse_chat(body: Mapping[str, Any]) -> RelayRequest:
             for call in item.get("tool_calls") or []:
                 call = _obj(call, f"messages[{index}].tool_calls[]")
                 function = _obj(call.get("function"), "a tool call's function")
-                calls.append(tool_call_from_json(str(call.get("id") or ""), str(function.get("name") or ""),
+                calls.append(_tool_call(str(call.get("id") or ""), str(function.get("name") or ""),
                                                  str(function.get("arguments") or "")))
             messages.append(Message(role="assistant", content=_text(item.get("content"), where),
                                     tool_calls=tuple(calls)))
@@ -144,13 +255,13 @@ def parse_chat(body: Mapping[str, Any]) -> RelayRequest:
                 raise ProtocolError(f"messages[{index}] is a tool message without tool_call_id")
             messages.append(Message.tool(str(item["tool_call_id"]), _text(item.get("content"), where)))
         else:
-            raise ProtocolError(f"messages[{index}] has role {role!r}; expected system, developer, user, "
+            raise ProtocolError(f"messages[{index}] has role {brief(role)}; expected system, developer, user, "
                                 "assistant or tool")
     tools = []
     for tool in body.get("tools") or []:
         tool = _obj(tool, "a tool")
         if tool.get("type", "function") != "function":
-            raise ProtocolError(f"tool type {tool.get('type')!r} is not supported; only functions are")
+            raise ProtocolError(f"tool type {brief(tool.get('type'))} is not supported; only functions are")
         function = _obj(tool.get("function"), "a tool's function")
         tools.append(ToolSpec(name=str(function.get("name") or ""), description=str(function.get("description") or ""),
                               parameters=function.get("parameters") or {"type": "object", "properties": {}}))
@@ -186,7 +297,7 @@ def parse_responses(body: Mapping[str, Any]) -> RelayRequest:
         item = _obj(item, f"input[{index}]")
         kind = item.get("type", "message")
         if kind == "function_call":
-            pending_calls.append(tool_call_from_json(str(item.get("call_id") or ""), str(item.get("name") or ""),
+            pending_calls.append(_tool_call(str(item.get("call_id") or ""), str(item.get("name") or ""),
                                                      str(item.get("arguments") or "")))
             continue
         if kind == "reasoning":
@@ -203,13 +314,14 @@ def parse_responses(body: Mapping[str, Any]) -> RelayRequest:
         elif kind == "message" and item.get("role") == "user":
             messages.append(Message.user(_text(item.get("content"), f"input[{index}].content")))
         else:
-            raise ProtocolError(f"input[{index}] of type {kind!r} (role {item.get('role')!r}) is not supported")
+            raise ProtocolError(f"input[{index}] of type {brief(kind)} (role {brief(item.get('role'))}) is not "
+                                "supported")
     flush()
     tools = []
     for tool in body.get("tools") or []:
         tool = _obj(tool, "a tool")
         if tool.get("type") != "function":
-            raise ProtocolError(f"tool type {tool.get('type')!r} is not supported; only functions are")
+            raise ProtocolError(f"tool type {brief(tool.get('type'))} is not supported; only functions are")
         tools.append(ToolSpec(name=str(tool.get("name") or ""), description=str(tool.get("description") or ""),
                               parameters=tool.get("parameters") or {"type": "object", "properties": {}}))
     return RelayRequest(api=RESPONSES, model=model, messages=tuple(messages), tools=tuple(tools),
@@ -230,9 +342,13 @@ def parse_anthropic(body: Mapping[str, Any]) -> RelayRequest:
         item = _obj(item, f"messages[{index}]")
         role = item.get("role")
         content = item.get("content")
+        if role == "system":  # a mid-conversation system message (beta mid-conversation-system; Claude Code 2.1)
+            messages.append(Message.system(_text(content, f"messages[{index}]")))
+            continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if role not in ("user", "assistant") or not isinstance(blocks, list):
-            raise ProtocolError(f"messages[{index}] must have role user or assistant and string or list content")
+            raise ProtocolError(f"messages[{index}] must have role user, assistant or system and string or list "
+                                "content")
         texts, calls = [], []
         for block in blocks:
             block = _obj(block, f"a block of messages[{index}]")
@@ -245,11 +361,11 @@ def parse_anthropic(body: Mapping[str, Any]) -> RelayRequest:
                                       arguments=arguments if isinstance(arguments, dict) else {}))
             elif kind == "tool_result" and role == "user":
                 messages.append(Message.tool(str(block.get("tool_use_id") or ""),
-                                             _text(block.get("content"), "a tool result")))
+                                             _text(_media_noted(block.get("content")), "a tool result")))
             elif kind in ("thinking", "redacted_thinking"):
                 continue
             else:
-                raise ProtocolError(f"messages[{index}] has a block of type {kind!r}; the relay passes text and "
+                raise ProtocolError(f"messages[{index}] has a block of type {brief(kind)}; the relay passes text and "
                                     "tool calls only")
         if role == "assistant":
             messages.append(Message(role="assistant", content="".join(texts), tool_calls=tuple(calls)))
@@ -478,6 +594,11 @@ STREAMERS = {CHAT: stream_chat, RESPONSES: stream_responses, ANTHROPIC: stream_a
 def sse(body: Mapping[str, Any], *, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
+
+
+def api_of_path(path: str) -> str:
+    """The dialect to answer a request in, from its path alone (for requests refused before they are read)."""
+    return ANTHROPIC if path.rstrip("/").endswith(("/messages", "/messages/count_tokens")) else CHAT
 
 
 def error_body(api: str, status: int, kind: str, message: str) -> dict[str, Any]:

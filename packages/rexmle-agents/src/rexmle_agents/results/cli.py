@@ -133,7 +133,7 @@ def status_tables(runs_dir: Path, group: str | None, *, cluster_note: str | None
     states come from (said under groups with SLURM jobs)."""
     from rexmle_agents.results.live import LiveRuns, format_seconds
     from rexmle_agents.results.loader import load_runs
-    from rexmle_agents.results.rows import model_label
+    from rexmle_agents.results.rows import cost_text, model_label
 
     roots = [runs_dir / group] if group else [runs_dir]
     if not all(r.is_dir() for r in roots):
@@ -157,11 +157,12 @@ def status_tables(runs_dir: Path, group: str | None, *, cluster_note: str | None
             folds = column in ("run", "model", "SLURM job")
             table.add_column(column, overflow="fold" if folds else "ellipsis", no_wrap=not folds)
         states: dict[str, int] = {}
-        tokens_total, cost_total, notes = 0, 0.0, []
+        tokens_total, cost_total, uncosted_total, notes = 0, 0.0, 0, []
         for run in sorted(members, key=lambda r: r.run_id):
             status, now = run.status, live.get(run.run_dir)
             tokens = status.tokens if status.tokens is not None else (now.tokens if now else None)
             cost = status.cost_usd if status.cost_usd is not None else (now.cost_usd if now else None)
+            uncosted = status.uncosted_calls if status.cost_usd is not None else (now.uncosted_calls if now else None)
             active = now is not None and status.state == "running"
             pct = "-" if run.grade is None or run.grade.percentile is None else f"{run.grade.percentile:.1%}"
             table.add_row(Text(run.run_id), Text(printable(model_label(run.spec.models), one_line=True)),
@@ -169,11 +170,12 @@ def status_tables(runs_dir: Path, group: str | None, *, cluster_note: str | None
                           *((Text(job_cell(run)),) if with_jobs else ()),
                           str(now.steps if active else status.steps),
                           format_seconds(now.elapsed() if active else status.elapsed_s),
-                          "-" if tokens is None else f"{tokens:,}", "-" if cost is None else f"${cost:.2f}",
+                          "-" if tokens is None else f"{tokens:,}", cost_text(cost, uncosted),
                           pct + (" †" if run.synthetic and pct != "-" else ""))
             states[status.state] = states.get(status.state, 0) + 1
             tokens_total += tokens or 0
             cost_total += cost or 0.0
+            uncosted_total += uncosted or 0
             if status.state not in ("finished", "running", "pending") or status.limit:
                 notes.append(f"{run.run_id}: {status.state}" + (f" (limit {status.limit})" if status.limit else "")
                              + f": {printable(status.reason, one_line=True)}")
@@ -184,7 +186,7 @@ def status_tables(runs_dir: Path, group: str | None, *, cluster_note: str | None
             notes.append(f"{printable(folder.name, one_line=True)}: refused: {printable(why, one_line=True)}")
         count = sum(states.values()) + len(refused)
         table.caption = (f"total: {count} run(s) · " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-                         + f" · {tokens_total:,} tokens · ${cost_total:.2f}"
+                         + f" · {tokens_total:,} tokens · {cost_text(cost_total, uncosted_total)}"
                          + (" · † synthetic data: not comparable with the human board" if any(
                              r.synthetic for r in runs.runs if r.group == name) else ""))
         out.append(table)
@@ -226,17 +228,23 @@ def show_run(run_dir: Path, out: Console) -> None:
     from rexmle_agents.results.live import format_seconds
     from rexmle_agents.results.loader import load_run
     from rexmle_agents.results.report import banner
-    from rexmle_agents.results.rows import config_label, model_label
+    from rexmle_agents.results.rows import config_label, cost_text, model_label
     from rexmle_agents.results.trajectory import trajectory
 
     run = load_run(run_dir)
     spec, status = run.spec, run.status
     out.print(Text(printable(f"{spec.task_id} · {spec.agent} · {model_label(spec.models)} · seed {spec.seed} · "
                              f"{config_label(spec.agent_config, spec.selection_cases)}", one_line=True), style="bold"))
-    if banner(run.data_kind):
-        out.print(Text(banner(run.data_kind) or "", style="yellow"))
+    out.print(Text(f"data: {run.variant}", style="dim"))
+    if banner(run.variant):
+        out.print(Text(banner(run.variant) or "", style="yellow"))
     out.print(Text(f"{run.run_dir}\n{status.state}" + (f" (limit: {status.limit})" if status.limit else "")
                    + f": {printable(status.reason or '-', one_line=True)} · {status.attempts} attempt(s)"))
+    warnings = run.journal().of_kind("warning")  # e.g. a stalled model relay, code run without a sandbox
+    for event in warnings[:5]:
+        out.print(Text(f"warning: {printable(event.message, one_line=True)}", style="yellow"))
+    if len(warnings) > 5:
+        out.print(Text(f"... {len(warnings) - 5} more warning(s) in the journal", style="dim"))
     jobs = run.cluster.jobs if run.cluster is not None else []
     if jobs:
         earlier = f" (after {', '.join(j.job_id for j in jobs[:-1])})" if len(jobs) > 1 else ""
@@ -249,7 +257,7 @@ def show_run(run_dir: Path, out: Console) -> None:
     budget.add_row("steps", str(status.steps), str(limits.max_steps or "none"))
     budget.add_row("tokens", "-" if status.tokens is None else f"{status.tokens:,}",
                    "none" if limits.max_tokens is None else f"{limits.max_tokens:,}")
-    budget.add_row("cost", "-" if status.cost_usd is None else f"${status.cost_usd:.4f}",
+    budget.add_row("cost", cost_text(status.cost_usd, status.uncosted_calls, digits=4),
                    "none" if limits.max_cost_usd is None else f"${limits.max_cost_usd:.2f}")
     out.print(budget)
     path = trajectory(run)
@@ -263,7 +271,8 @@ def show_run(run_dir: Path, out: Console) -> None:
         line = Text(f"{'node' if path.kind == 'tree' else 'step'} {node.id} {printable(node.stage, one_line=True)}"
                     f"{metric}{flag} · "
                     f"{format_seconds(node.seconds)} · {node.model_calls} call(s), {node.tokens:,} tok, "
-                    f"${node.cost_usd:.4f}", style="bold green" if node.final else "red" if node.buggy else "")
+                    f"{cost_text(node.cost_usd, node.uncosted_calls, digits=4)}",
+                    style="bold green" if node.final else "red" if node.buggy else "")
         if node.final:
             line.append("  ← FINAL", style="bold")
         branch = (parent or tree).add(line)

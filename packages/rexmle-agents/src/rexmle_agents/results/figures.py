@@ -4,13 +4,15 @@
   headline figure);
 * ``valid-rate-by-type``: valid-submission rate per row per task type;
 * ``percentile-vs-budget``: mean percentile (95% CI) against the time budget, a line per row without the budget;
-* ``percentile-vs-cost``: mean percentile against the mean cost per run;
+* ``percentile-vs-cost``: mean percentile against the mean cost per run (rows whose cost is unknown, a model call
+  without a price, are left out and named in a note under the plot, never drawn at $0);
 * ``search-<run>``: one run's search: every scored node's validation metric and the best so far, over wall time and
   over steps.
 
 Colours are the Okabe-Ito palette (safe for the common colour-vision deficiencies), with hatching once rows
 outnumber it. Every mark (bar, point) carries an SVG id ``mark-<n>``, so tests and scripts can count them. Figures
-of synthetic data say so in their title; synthetic and real results never share a figure.
+of synthetic data say so in their title; each figure holds one data variant (real, synthetic-easy,
+synthetic-realistic: the file names end in it), so variants never share a figure.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rexmle_agents.harness.spec import data_kind_of
 from rexmle_agents.results.report import GroupReport
 from rexmle_agents.results.stats import TableRow
 from rexmle_agents.results.trajectory import Trajectory
@@ -56,14 +59,17 @@ def _label(row: TableRow, skip: Sequence[str] = ()) -> str:
     return " · ".join(v for k, v in row.keys.items() if k not in skip and v != "-") or "all runs"
 
 
-def _title(text: str, data_kind: str) -> str:
+def _title(text: str, variant: str) -> str:
+    """The figure's title, saying which data it shows (a data kind is taken as well: ``analyse`` passes one)."""
+    data_kind = data_kind_of(variant)
     if data_kind == "synthetic":
-        return f"{text}\nSYNTHETIC DATA: not comparable with the human leaderboard"
+        level = "" if variant == "synthetic" else f" ({variant})"
+        return f"{text}\nSYNTHETIC DATA{level}: not comparable with the human leaderboard"
     return text if data_kind == "real" else f"{text}\n(data kind unknown)"
 
 
-def _rows(report: GroupReport, data_kind: str, scope: str) -> list[TableRow]:
-    return [r for r in report.rows if r.data == data_kind and r.reference is None and r.scope == scope]
+def _rows(report: GroupReport, variant: str, scope: str) -> list[TableRow]:
+    return [r for r in report.rows if r.variant == variant and r.reference is None and r.scope == scope]
 
 
 def _grouped_bars(ax: Any, series: list[tuple[str, list[float | None], list[float | None]]], groups: list[str],
@@ -102,8 +108,8 @@ def _percent() -> Any:
     return PercentFormatter(1.0)
 
 
-def percentile_by_task(report: GroupReport, folder: Path, data_kind: str) -> tuple[list[Path], int]:
-    rows = _rows(report, data_kind, "task")
+def percentile_by_task(report: GroupReport, folder: Path, variant: str) -> tuple[list[Path], int]:
+    rows = _rows(report, variant, "task")
     tasks = sorted({r.scope_value for r in rows if r.mean_percentile is not None})
     series: dict[tuple[str, ...], dict[str, TableRow]] = {}
     for row in rows:
@@ -116,12 +122,12 @@ def percentile_by_task(report: GroupReport, folder: Path, data_kind: str) -> tup
         bars.append((_label(first), [by_task[t].mean_percentile if t in by_task else None for t in tasks],
                      [by_task[t].se_percentile if t in by_task else None for t in tasks]))
     marks = _grouped_bars(ax, bars, tasks, ylabel="mean percentile (± s.e. over seeds)")
-    ax.set_title(_title("Percentile against the human leaderboard, per task", data_kind), fontsize=9)
-    return _save(fig, folder, f"percentile-by-task-{data_kind}"), marks
+    ax.set_title(_title("Percentile against the human leaderboard, per task", variant), fontsize=9)
+    return _save(fig, folder, f"percentile-by-task-{variant}"), marks
 
 
-def valid_rate_by_type(report: GroupReport, folder: Path, data_kind: str) -> tuple[list[Path], int]:
-    rows = _rows(report, data_kind, "task_type")
+def valid_rate_by_type(report: GroupReport, folder: Path, variant: str) -> tuple[list[Path], int]:
+    rows = _rows(report, variant, "task_type")
     types = sorted({r.scope_value for r in rows})
     series: dict[tuple[str, ...], dict[str, TableRow]] = {}
     for row in rows:
@@ -131,12 +137,12 @@ def valid_rate_by_type(report: GroupReport, folder: Path, data_kind: str) -> tup
     bars = [(_label(next(iter(v.values()))), [v[t].valid_rate if t in v else None for t in types],
              [None] * len(types)) for v in series.values()]
     marks = _grouped_bars(ax, bars, types, ylabel="valid-submission rate")
-    ax.set_title(_title("Valid submissions by task type", data_kind), fontsize=9)
-    return _save(fig, folder, f"valid-rate-by-type-{data_kind}"), marks
+    ax.set_title(_title("Valid submissions by task type", variant), fontsize=9)
+    return _save(fig, folder, f"valid-rate-by-type-{variant}"), marks
 
 
-def percentile_vs_budget(report: GroupReport, folder: Path, data_kind: str) -> tuple[list[Path], int]:
-    rows = [r for r in _rows(report, data_kind, "all") if r.mean_percentile is not None and r.time_budget_s]
+def percentile_vs_budget(report: GroupReport, folder: Path, variant: str) -> tuple[list[Path], int]:
+    rows = [r for r in _rows(report, variant, "all") if r.mean_percentile is not None and r.time_budget_s]
     lines: dict[str, list[TableRow]] = {}
     for row in rows:
         lines.setdefault(_label(row, skip=("budget",)), []).append(row)
@@ -160,14 +166,19 @@ def percentile_vs_budget(report: GroupReport, folder: Path, data_kind: str) -> t
     ax.set_ylim(0, 1.05)
     if lines:
         ax.legend(fontsize=7)
-    ax.set_title(_title("Percentile against the time budget", data_kind), fontsize=9)
-    return _save(fig, folder, f"percentile-vs-budget-{data_kind}"), marks
+    ax.set_title(_title("Percentile against the time budget", variant), fontsize=9)
+    return _save(fig, folder, f"percentile-vs-budget-{variant}"), marks
 
 
-def percentile_vs_cost(report: GroupReport, folder: Path, data_kind: str) -> tuple[list[Path], int]:
-    rows = [r for r in _rows(report, data_kind, "all") if r.mean_percentile is not None and r.cost_per_run is not None]
+def percentile_vs_cost(report: GroupReport, folder: Path, variant: str) -> tuple[list[Path], int]:
+    scored = [r for r in _rows(report, variant, "all") if r.mean_percentile is not None]
+    rows = [r for r in scored if r.cost_per_run is not None]
+    unknown = [r for r in scored if r.cost_per_run is None and r.uncosted_calls]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
+    if unknown:  # an unpriced model's runs have no cost to draw: named, not plotted at $0
+        names = "; ".join(f"{_label(r)} ({r.uncosted_calls} uncosted calls)" for r in unknown)
+        fig.text(0.01, 0.01, f"left out, cost unknown: {names}", fontsize=6, wrap=True)
     for i, row in enumerate(rows):
         points = ax.scatter([row.cost_per_run], [row.mean_percentile], color=style(i)["color"], s=40,
                             edgecolors="#333333", linewidths=0.5, label=_label(row), zorder=3)
@@ -178,8 +189,8 @@ def percentile_vs_cost(report: GroupReport, folder: Path, data_kind: str) -> tup
     ax.set_ylim(0, 1.05)
     if rows:
         ax.legend(fontsize=7)
-    ax.set_title(_title("Percentile against model cost", data_kind), fontsize=9)
-    return _save(fig, folder, f"percentile-vs-cost-{data_kind}"), len(rows)
+    ax.set_title(_title("Percentile against model cost", variant), fontsize=9)
+    return _save(fig, folder, f"percentile-vs-cost-{variant}"), len(rows)
 
 
 def search_curve(path: Trajectory, folder: Path, name: str, *, title: str = "") -> tuple[list[Path], int]:
@@ -210,14 +221,14 @@ def write_figures(report: GroupReport, runs: Any, folder: Path, *, max_curves: i
     from rexmle_agents.results.trajectory import trajectory
 
     written: dict[str, int] = {}
-    for data_kind in report.data_kinds:
+    for variant in report.variants:
         for make in (percentile_by_task, valid_rate_by_type, percentile_vs_budget, percentile_vs_cost):
-            paths, marks = make(report, folder, data_kind)
+            paths, marks = make(report, folder, variant)
             written[paths[0].stem] = marks
     paths_by_run = [(run, trajectory(run)) for run in runs.runs]
     scored = sorted(((r, p) for r, p in paths_by_run if p.search_curve()), key=lambda rp: -len(rp[1].nodes))
     for run, path in scored[:max_curves]:
-        title = f"{run.run_id} ({run.data_kind} data)"
+        title = f"{run.run_id} ({run.variant} data)"
         paths, marks = search_curve(path, folder, run.run_id, title=title)
         written[paths[0].stem] = marks
     return written

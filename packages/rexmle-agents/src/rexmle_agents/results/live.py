@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rexmle_agents.results.loader import JOURNAL_FILE, STATUS_FILE
+from rexmle_agents.results.rows import cost_text
 from rexmle_grade.text import printable
 
 _EPOCH = re.compile(rb"epoch (\d+)/(\d+)")
@@ -42,7 +43,8 @@ class LiveRun:
     best: float | None = None
     lower_is_better: bool | None = None
     tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # of the priced calls; uncosted_calls counts the others
+    uncosted_calls: int = 0
     model_calls: int = 0
     baseline: str | None = None
     exec_name: str | None = None  # the command running now
@@ -91,6 +93,7 @@ class LiveRun:
             usage = totals.get("usage") or {}
             self.tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
             self.cost_usd = float(totals.get("cost_usd") or 0.0)
+            self.uncosted_calls = int(totals.get("uncosted_calls") or 0)
         elif kind == "run_finished":
             self.finished_s = _number(event.get("seconds"))
             self.state = str(event.get("state") or self.state)
@@ -202,7 +205,7 @@ def live_table(runs: list[LiveRun], *, title: str = "runs") -> Any:
         best = "-" if run.best is None else f"{run.best:.4g} ({'min' if run.lower_is_better else 'max'})"
         table.add_row(Text(printable(run.run_id, one_line=True)), Text(run.state), steps,
                       f"{format_seconds(run.elapsed(now))} / {format_seconds(run.time_limit_s)}", best,
-                      f"${run.cost_usd:.2f}", f"{run.tokens:,}")
+                      cost_text(run.cost_usd, run.uncosted_calls), f"{run.tokens:,}")
     return table
 
 

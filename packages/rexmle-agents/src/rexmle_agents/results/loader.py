@@ -12,6 +12,10 @@ What is refused and what is read:
 * a run folder of format 1 written before the format was published is read: ``model_call`` times given as ISO
   strings become Unix seconds, a ``status.json`` without hardware or usage leaves those unknown, a ``grade.json``
   without ``synthetic`` takes it from the task's prepared data when that is still there;
+* the data variant (real, synthetic-easy, synthetic-realistic) is the spec's; a spec written before variants were
+  recorded takes it from ``grade.json``'s labels, else from whether the data was synthetic: ``real``, or
+  ``synthetic-unknown`` (its difficulty was not recorded and is never guessed from the data folder, which may have
+  been prepared again at another difficulty since), or ``unknown``;
 * a record or journal line that breaks the schema is kept out and listed in :attr:`RunRecord.problems`, never
   guessed at, so a report says what it could not use;
 * ``cluster.json`` (runs of the SLURM executor: their jobs as SLURM reported them) is read when present.
@@ -34,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, RunSpec
+from rexmle_agents.harness.spec import REAL_VARIANT, RUN_FORMAT_VERSION, UNKNOWN_VARIANT, RunSpec, data_kind_of
 from rexmle_agents.results.records import (
     EVENT_ADAPTER,
     EVENT_KINDS,
@@ -48,6 +52,7 @@ from rexmle_grade.report import ReportEntry
 
 SPEC_FILE, STATUS_FILE, JOURNAL_FILE, GRADE_FILE = "spec.json", "status.json", "journal.jsonl", "grade.json"
 CLUSTER_FILE = "cluster.json"  # only runs of the SLURM executor have one
+SYNTHETIC_UNKNOWN_VARIANT = "synthetic-unknown"  # synthetic data of a difficulty the run folder does not record
 # journal lines are written by json.dumps (", " and ": ") or by pydantic (compact); both forms are recognised
 _STATE_PREFIXES = (b'{"kind": "agent_state"', b'{"kind":"agent_state"')
 _STATE_KEY = re.compile(rb'"key":\s?"((?:[^"\\]|\\.)*)"')
@@ -193,6 +198,7 @@ class RunRecord:
     status: RunStatus
     grade: ReportEntry | None
     synthetic: bool | None  # None: unknown (an older grade.json, and the task's data is gone)
+    variant: str = UNKNOWN_VARIANT  # real, synthetic-easy, synthetic-realistic, synthetic-unknown or unknown
     problems: list[str] = field(default_factory=list)
     cluster: ClusterRecord | None = None  # the run's SLURM jobs (cluster.json), None for runs of other executors
     _journal: JournalScan | None = None
@@ -207,7 +213,7 @@ class RunRecord:
 
     @property
     def data_kind(self) -> str:
-        return "unknown" if self.synthetic is None else "synthetic" if self.synthetic else "real"
+        return data_kind_of(self.variant)
 
     def journal(self) -> JournalScan:
         if self._journal is None:
@@ -224,8 +230,21 @@ def load_run(run_dir: str | Path) -> RunRecord:
     status = _read_status(run_dir / STATUS_FILE, problems)
     grade = _read_grade(run_dir / GRADE_FILE, problems)
     synthetic = grade.synthetic if grade is not None and grade.synthetic is not None else _prepared_synthetic(spec)
-    return RunRecord(run_dir=run_dir, spec=spec, status=status, grade=grade, synthetic=synthetic, problems=problems,
-                     cluster=_read_cluster(run_dir / CLUSTER_FILE, problems))
+    variant = run_variant(spec, grade, synthetic)
+    if variant != UNKNOWN_VARIANT and synthetic is None:
+        synthetic = variant != REAL_VARIANT
+    return RunRecord(run_dir=run_dir, spec=spec, status=status, grade=grade, synthetic=synthetic, variant=variant,
+                     problems=problems, cluster=_read_cluster(run_dir / CLUSTER_FILE, problems))
+
+
+def run_variant(spec: RunSpec, grade: ReportEntry | None, synthetic: bool | None) -> str:
+    """The data variant a run used (see the module docstring for folders written before it was recorded)."""
+    if spec.data_variant != UNKNOWN_VARIANT:
+        return spec.data_variant
+    labelled = grade.labels.get("data_variant") if grade is not None else None
+    if labelled and labelled != UNKNOWN_VARIANT:
+        return labelled
+    return UNKNOWN_VARIANT if synthetic is None else SYNTHETIC_UNKNOWN_VARIANT if synthetic else REAL_VARIANT
 
 
 def _read_spec(run_dir: Path) -> RunSpec:
@@ -379,6 +398,7 @@ class TaskFacts:
     board_rows: int | None  # None: the task has no human leaderboard
     board_teams: int | None
     board_phase: str = ""
+    board_team: str = ""  # the team of a board whose every row is one team's
 
 
 @functools.cache
@@ -397,7 +417,7 @@ def task_facts(task_id: str) -> TaskFacts:
     if info is not None and (task.folder / info.file).is_file():
         with (task.folder / info.file).open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
+    teams = sorted({r.get("team", "") for r in rows})
     return TaskFacts(task_id=task_id, competition=task.meta.competition, task_type=task.meta.task_type,
-                     dim=task.meta.dim, board_rows=len(rows) or None,
-                     board_teams=len({r.get("team", "") for r in rows}) or None,
-                     board_phase="" if info is None else info.phase)
+                     dim=task.meta.dim, board_rows=len(rows) or None, board_teams=len(teams) or None,
+                     board_phase="" if info is None else info.phase, board_team=teams[0] if len(teams) == 1 else "")

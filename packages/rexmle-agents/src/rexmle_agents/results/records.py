@@ -24,7 +24,7 @@ from rexmle_agents.models.types import Usage
 
 RUN_STATES = ("pending", "running", "finished", "failed", "timed_out", "cancelled")
 # the budgets that can end a run; readers must accept others (a limit added later), so fields are plain strings
-LIMITS = ("time", "steps", "tokens", "cost", "disk")
+LIMITS = ("time", "steps", "tokens", "cost", "disk", "run_folder")
 LimitName = Annotated[str | None, Field(description="the budget that ended the run: " + ", ".join(LIMITS)
                                                     + " (None: none did)")]
 
@@ -134,9 +134,15 @@ PENDING_STATUS = RunStatus(state="pending")
 # journal.jsonl: one model per event kind
 
 
+Repaired = Annotated[dict[str, str] | None, Field(
+    description="values JSON cannot hold, repaired where they stood: dotted path -> NaN, Infinity, -Infinity (the "
+                "value is null), lone surrogates kept as \\u escapes, or nesting cut")]
+
+
 class _Event(_Record):
     time: Epoch
     step: int | None = Field(default=None, description="the agent step the event belongs to (absent outside steps)")
+    repaired: Repaired = None
 
 
 class RunStarted(_Event):
@@ -297,7 +303,8 @@ class Graded(_Event):
     kind: Literal["graded"]
     status: str
     percentile: float | None
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float | None] = Field(default_factory=dict, description="None: NaN or infinite (see "
+                                                                                "repaired)")
 
 
 class ClusterEvent(_Event):
@@ -311,6 +318,17 @@ class ClusterEvent(_Event):
     job_state: str | None = Field(default=None, description="SLURM's state of the job when it was seen")
     reason: str | None = Field(default=None, description="SLURM's reason")
     message: str = Field(description="what happened and what happens next, for people")
+
+
+class AgentTurn(_Event):
+    """A terminal coding agent's turn, as the model relay saw it (external agents with ``steps: turn``)."""
+
+    kind: Literal["agent_turn"]
+    model: str = Field(description="the model name the agent asked for (an alias)")
+    text: str = Field(description="the model's text answer (clipped)")
+    tool_calls: list[dict[str, Any]] = Field(description="{id, name, arguments} of each tool call it made")
+    tool_results: list[dict[str, Any]] = Field(
+        description="{id, output} of the earlier tool calls whose outputs this call carried back")
 
 
 class ScaffoldSummary(_Event):
@@ -334,12 +352,14 @@ class ModelCall(_Record):
     retry_time_s: float
     step_totals: UsageTotals | None = None
     run_totals: UsageTotals
+    repaired: Repaired = None
 
 
 EVENT_MODELS: tuple[type[BaseModel], ...] = (
     RunStarted, RunResumed, StepStarted, StepFinished, StepInterrupted, ExecStarted, ExecFinished, CodeWritten,
     ValidationEvent, SnapshotEvent, CollectRefused, FinalSelected, AgentState, LogEvent, WarningEvent,
-    BudgetExhausted, AgentError, FinalCollected, RunFinished, Graded, ClusterEvent, ScaffoldSummary, ModelCall,
+    BudgetExhausted, AgentError, FinalCollected, RunFinished, Graded, ClusterEvent, ScaffoldSummary, AgentTurn,
+    ModelCall,
 )
 EVENT_KINDS: dict[str, type[BaseModel]] = {m.model_fields["kind"].annotation.__args__[0]: m  # type: ignore[union-attr]
                                            for m in EVENT_MODELS}

@@ -17,28 +17,36 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rexmle_agents.harness.spec import RUN_FORMAT_VERSION
+from rexmle_agents.harness.spec import RUN_FORMAT_VERSION, data_kind_of, data_variant
 from rexmle_agents.results.loader import RunSet, task_facts
-from rexmle_agents.results.rows import RunRow, run_row
+from rexmle_agents.results.rows import RunRow, cost_text, run_row
 from rexmle_agents.results.stats import (
     BOOTSTRAP_LEVELS,
     DEFAULT_BY,
+    FEW_DATA_MARK,
     ROW_KEYS,
     RULES,
+    Calibrated,
+    ExpertBound,
+    ExpertPin,
     TableRow,
     aggregate,
     calibration_rows,
+    expert_bounds,
     pad_grid,
     reference_percentiles,
 )
-from rexmle_grade.errors import UserInputError
+from rexmle_grade.csvsafe import frame_to_csv
+from rexmle_grade.errors import RexmleError, UserInputError
 from rexmle_grade.report import ReportEntry
 from rexmle_grade.settings import rexmle_versions
 from rexmle_grade.text import printable
 
 GROUP_REPORT_VERSION = 1
 DEFAULT_REPLICATES = 2000
-FEW_BOARD_ROWS = 10
+# a board this small ranks coarsely: its percentile moves in steps of 1/N, so the raw metric is the better read
+FEW_BOARD_ROWS = 20
+VARIANT_ORDER = ("real", "synthetic-easy", "synthetic-realistic")
 
 
 class BoardCaveat(BaseModel):
@@ -48,6 +56,13 @@ class BoardCaveat(BaseModel):
     board_rows: int | None
     board_teams: int | None
     note: str
+    # what a careful reader must know: the versions the runs used, the task's known issues (task.yaml), whether any
+    # run had network (public test labels upstream are then reachable), and the pinned expert bound
+    task_versions: list[str] = Field(default_factory=list)
+    known_issues: list[str] = Field(default_factory=list)
+    runs_with_network: int = 0
+    expert_pin: ExpertPin | None = None
+    expert_bounds: list[ExpertBound] = Field(default_factory=list)
 
 
 class Bootstrap(BaseModel):
@@ -103,8 +118,10 @@ class GroupReport(BaseModel):
         return path
 
     @property
-    def data_kinds(self) -> list[str]:
-        return sorted({r.data for r in self.rows}, key=["real", "synthetic", "unknown"].index)
+    def variants(self) -> list[str]:
+        """The data variants of the table's rows, real first, unknown last: each has its own tables, never pooled."""
+        return sorted({r.variant for r in self.rows}, key=lambda v: (
+            VARIANT_ORDER.index(v) if v in VARIANT_ORDER else len(VARIANT_ORDER) + (v == "unknown"), v))
 
 
 def parse_by(text: str | Sequence[str]) -> list[str]:
@@ -117,9 +134,11 @@ def parse_by(text: str | Sequence[str]) -> list[str]:
 
 
 def build_group_report(runs: RunSet, *, by: Sequence[str] = DEFAULT_BY, replicates: int = DEFAULT_REPLICATES,
-                       seed: int = 0, calibration: Sequence[Any] | None = None) -> GroupReport:
+                       seed: int = 0, calibration: Sequence[Any] | None = None,
+                       pins: dict[str, ExpertPin] | None = None) -> GroupReport:
     """The report of every run in ``runs``. ``calibration``: baseline calibration records (default: those of the
-    data folders the runs used, and the shipped ones, when rexmle-baselines is installed)."""
+    data folders the runs used, and the shipped ones, when rexmle-baselines is installed). ``pins``: task -> the
+    pinned expert bound of its normalised score (default: :func:`default_pins`)."""
     import pandas as pd
 
     by = parse_by(by)
@@ -127,12 +146,14 @@ def build_group_report(runs: RunSet, *, by: Sequence[str] = DEFAULT_BY, replicat
     calibration = list(load_calibration(runs, rows) if calibration is None else calibration)
     tasks = sorted({r.task_id for r in rows} | {c.task_id for c in calibration})
     facts = {task: task_facts(task) for task in tasks}
+    pins = default_pins(tasks) if pins is None else pins
+    bounds = expert_bounds(calibration, pins)
     table: list[TableRow] = []
     duplicates: list[str] = []
     if rows:
         frame = pd.DataFrame([r.model_dump() for r in rows])
         padded, duplicates = pad_grid(frame, by, facts)
-        references = reference_percentiles(padded, calibration)
+        references = reference_percentiles(padded, bounds)
         competition = {task: f.competition for task, f in facts.items()}
         table = aggregate(padded, by, competition=competition, references=references, replicates=replicates,
                           seed=seed)
@@ -141,7 +162,8 @@ def build_group_report(runs: RunSet, *, by: Sequence[str] = DEFAULT_BY, replicat
     return GroupReport(
         sources=[str(s) for s in runs.sources], group_by=list(by),
         bootstrap=Bootstrap(replicates=replicates, seed=seed), runs=rows, rows=table,
-        caveats=[_caveat(facts[t]) for t in tasks], entries=entries, duplicates=duplicates,
+        caveats=[_caveat(facts[t]).model_copy(update=_task_notes(t, rows, pins, bounds)) for t in tasks],
+        entries=entries, duplicates=duplicates,
         refused=[Refused(run_dir=str(p), reason=why) for p, why in runs.refused],
         problems=[RunProblem(run_id=run.run_id, problem=p) for run in runs.runs for p in run.problems],
     )
@@ -153,11 +175,49 @@ def _caveat(facts: Any) -> BoardCaveat:
         notes.append("no human leaderboard: no percentile, position or medal; left out of percentile means")
     else:
         if facts.board_rows < FEW_BOARD_ROWS:
-            notes.append(f"only {facts.board_rows} human rows: percentiles move in steps of {1 / facts.board_rows:.0%}")
+            notes.append(f"only {facts.board_rows} human rows: a percentile can take only {facts.board_rows + 1} "
+                         f"values (steps of {1 / facts.board_rows:.0%}), so widely different scores can share one; "
+                         "compare the raw metric")
         if facts.board_teams == 1 and facts.board_rows > 1:
-            notes.append("every row is one team's submission")
+            team = f" ({facts.board_team})" if facts.board_team else ""
+            notes.append(f"all {facts.board_rows} rows come from a single team{team}: the percentile ranks a run "
+                         "among that one team's submissions, not among competing teams")
     return BoardCaveat(task_id=facts.task_id, board_rows=facts.board_rows, board_teams=facts.board_teams,
                        note="; ".join(notes))
+
+
+# the config whose baseline is every task's expert bound: the paper's full protocol (3 seeds on one GPU)
+EXPERT_CONFIG = "full"
+EXPERT_PIN_VERSION = "1"
+
+
+def default_pins(tasks: Sequence[str]) -> dict[str, ExpertPin]:
+    """Each task's pinned expert: its strongest baseline in the ``full`` config at the config's own budget (none
+    when rexmle-baselines is not installed or no baseline covers the task: then no normalised score)."""
+    try:
+        from rexmle_baselines.base import preferred_baselines
+    except ImportError:  # rexmle-baselines is optional for the harness and the reports
+        return {}
+    pins = {}
+    for task in tasks:
+        names = preferred_baselines(task, EXPERT_CONFIG)
+        if names:
+            pins[task] = ExpertPin(task_id=task, baseline=names[0], config=EXPERT_CONFIG, version=EXPERT_PIN_VERSION)
+    return pins
+
+
+def _task_notes(task: str, rows: Sequence[RunRow], pins: dict[str, ExpertPin],
+                bounds: Sequence[ExpertBound]) -> dict[str, Any]:
+    try:
+        from rexmle_tasks.registry import get_task
+
+        issues = [f"[{i.kind}] {i.text}" for i in get_task(task).meta.known_issues]
+    except RexmleError:  # a task the registry no longer knows: nothing recorded to show
+        issues = []
+    of_task = [r for r in rows if r.task_id == task]
+    return {"task_versions": sorted({r.task_version for r in of_task}), "known_issues": issues,
+            "runs_with_network": sum(r.network != "none" for r in of_task), "expert_pin": pins.get(task),
+            "expert_bounds": [b for b in bounds if b.pin.task_id == task]}
 
 
 def load_calibration(runs: RunSet, rows: Sequence[RunRow]) -> list[Any]:
@@ -166,15 +226,33 @@ def load_calibration(runs: RunSet, rows: Sequence[RunRow]) -> list[Any]:
         from rexmle_baselines.calibration import PACKAGE_CALIBRATION_DIR, load_results
     except ImportError:  # rexmle-baselines is optional for the harness and the reports
         return []
-    folders = dict.fromkeys([*(Path(run.spec.data_root) / "calibration" for run in runs.runs if run.spec.data_root),
-                             PACKAGE_CALIBRATION_DIR])
+    roots = [run.spec.data_root for run in runs.runs if run.spec.data_root]
+    folders = dict.fromkeys([*(Path(root) / "calibration" for root in roots), PACKAGE_CALIBRATION_DIR])
     tasks = sorted({r.task_id for r in rows})
-    found: dict[tuple[str, str, str, bool], Any] = {}
+    found: dict[tuple[str, str], Any] = {}
     for folder in folders:
         for task in tasks:
             for record in load_results(folder, task):
-                found.setdefault((record.task_id, record.baseline, record.config, record.synthetic), record)
+                # measured on the data prepared beside it: its variant is that preparation's (a shipped record
+                # says only whether it was synthetic)
+                variant = _prepared_variant(str(folder.parent), task) if record.synthetic else "real"
+                entry = Calibrated(record, variant) if variant else record
+                # the same record shipped and measured locally counts once; every seed and budget is its own
+                found.setdefault((record.model_dump_json(), getattr(entry, "variant", "")), entry)
     return list(found.values())
+
+
+def _prepared_variant(data_root: str, task_id: str) -> str | None:
+    try:
+        from rexmle_tasks.pipeline import prepared_info, task_dirs
+        from rexmle_tasks.registry import get_task
+
+        info = prepared_info(task_dirs(get_task(task_id), data_root))
+    except (RexmleError, OSError):  # a shipped folder, an unknown task or a broken data folder: not known here
+        return None
+    if info is None or not info.synthetic:
+        return None
+    return data_variant(synthetic=True, difficulty=info.difficulty)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -185,19 +263,36 @@ def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+def _few(row: TableRow, what: str) -> str:
+    """The mark of a row whose s.e. or CI rests on too little data (see the stats rule ``few_data``)."""
+    return f" {FEW_DATA_MARK}" if any(w.startswith(what) for w in row.interval_warnings) else ""
+
+
 def _pct_se(row: TableRow) -> str:
     if row.mean_percentile is None:
         return "n/a"
-    se = "" if row.se_percentile is None else f" ± {row.se_percentile:.1%}"
+    se = "" if row.se_percentile is None else f" ± {row.se_percentile:.1%}{_few(row, 's.e.')}"
     return f"{row.mean_percentile:.1%}{se}"
 
 
 def _ci(row: TableRow) -> str:
-    return "-" if row.ci_low is None else f"[{row.ci_low:.1%}, {row.ci_high:.1%}]"
+    return "-" if row.ci_low is None else f"[{row.ci_low:.1%}, {row.ci_high:.1%}]{_few(row, '95% CI')}"
 
 
-def _money(value: float | None) -> str:
-    return "-" if value is None else f"${value:.2f}"
+def _money(row: TableRow) -> str:
+    return cost_text(row.cost_per_run, row.uncosted_calls)
+
+
+def _per_seed_cost(row: TableRow) -> str:
+    money = cost_text(row.cost_per_seed, row.uncosted_calls)
+    return f"{money}, {'-' if row.gpu_hours_per_seed is None else f'{row.gpu_hours_per_seed:.1f}'}"
+
+
+def raw_metric(row: TableRow) -> str:
+    """``dice 0.734 (3 valid)``: the task's primary metric beside its percentile; ``-`` without a valid run."""
+    if row.primary_metric is None or row.primary_mean is None:
+        return "-"
+    return f"{row.primary_metric} {row.primary_mean:.4g} ({row.primary_runs} valid)"
 
 
 def _hours(seconds: float | None) -> str:
@@ -208,27 +303,34 @@ def _hours(seconds: float | None) -> str:
 
 
 def main_columns(report: GroupReport) -> list[str]:
-    return [*report.group_by, "runs", "missing", "valid", "mean pct ± s.e.", "95% CI", "median", "mean pos.",
-            "medals (g/s/b)", "> median", "normalised", "cost/run", "time used/budget"]
+    # rows by task are per-task rows: their raw primary metric stands beside the percentile
+    raw = ["raw metric"] if "task" in report.group_by else []
+    return [*report.group_by, "data", "runs", "missing", "valid", "mean pct ± s.e.", *raw, "95% CI", "median",
+            "mean pos.", "medals (g/s/b)", "> median", "normalised", "cost/run", "per seed: API, GPU-h",
+            "time used/budget"]
 
 
-def main_cells(row: TableRow, marker: str) -> list[str]:
+def main_cells(row: TableRow, marker: str, *, raw: bool = False) -> list[str]:
     keys = [row.keys.get(k, "-") for k in row.keys]
     norm = "-" if row.normalised is None else f"{row.normalised:.2f} ({row.normalised_tasks} t.)"
-    return [*keys, str(row.n_runs), str(row.n_missing), f"{row.valid_rate:.0%}", _pct_se(row) + marker, _ci(row),
+    variant = f"{row.variant}, {row.task_versions}" if row.task_versions else row.variant
+    return [*keys, variant, str(row.n_runs), str(row.n_missing), f"{row.valid_rate:.0%}", _pct_se(row) + marker,
+            *([raw_metric(row)] if raw else []), _ci(row),
             fmt_pct(row.median_percentile), "-" if row.mean_position is None else f"{row.mean_position:.2f}",
             f"{row.medals} ({row.gold}/{row.silver}/{row.bronze}){marker}",
-            "-" if row.above_median_rate is None else f"{row.above_median_rate:.0%}", norm, _money(row.cost_per_run),
-            f"{_hours(row.time_used_s)} / {_hours(row.time_budget_s)}"]
+            "-" if row.above_median_rate is None else f"{row.above_median_rate:.0%}", norm, _money(row),
+            _per_seed_cost(row), f"{_hours(row.time_used_s)} / {_hours(row.time_budget_s)}"]
 
 
-def tables(report: GroupReport, data_kind: str) -> list[tuple[str, list[str], list[list[str]]]]:
-    """The report's tables for one data kind: (title, columns, cells), shared by every output format."""
-    marker = "" if data_kind == "real" else " †"
-    rows = [r for r in report.rows if r.data == data_kind and r.reference is None]
+def tables(report: GroupReport, variant: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The report's tables for one data variant: (title, columns, cells), shared by every output format. Per-task
+    cells carry the raw primary metric and the normalised score beside the percentile."""
+    marker = "" if variant == "real" else " †"
+    rows = [r for r in report.rows if r.variant == variant and r.reference is None]
     out: list[tuple[str, list[str], list[list[str]]]] = []
     overall = [r for r in rows if r.scope == "all"]
-    out.append((f"{data_kind} data: all tasks", main_columns(report), [main_cells(r, marker) for r in overall]))
+    out.append((f"{variant} data: all tasks", main_columns(report),
+                [main_cells(r, marker, raw="task" in report.group_by) for r in overall]))
     for scope, title in (("task_type", "by task type"), ("dim", "by dimension"), ("task", "by task")):
         scoped = [r for r in rows if r.scope == scope]
         values = sorted({r.scope_value for r in scoped})
@@ -239,28 +341,36 @@ def tables(report: GroupReport, data_kind: str) -> list[tuple[str, list[str], li
             keyed.setdefault(tuple(r.keys.values()), {})[r.scope_value] = r
         if scope == "task":
             for r in report.rows:
-                if r.data == data_kind and r.reference == "calibration" and r.scope_value in values:
+                if r.variant == variant and r.reference == "calibration" and r.scope_value in values:
                     keyed.setdefault(tuple(r.keys.get(k, "-") for k in report.group_by), {})[r.scope_value] = r
         cells = []
         for key, by_value in keyed.items():
-            cells.append([*key, *(_scope_cell(by_value.get(v), marker) for v in values)])
-        out.append((f"{data_kind} data: mean percentile ± s.e. (valid rate) {title}", [*report.group_by, *values],
-                    cells))
+            cells.append([*key, *(_scope_cell(by_value.get(v), marker, raw=scope == "task") for v in values)])
+        what = "mean percentile ± s.e. (valid rate)" + ("; raw primary metric; normalised" if scope == "task" else "")
+        # the variant is in the title: one more column would squeeze a terminal's table past reading
+        out.append((f"{variant} data: {what} {title}", [*report.group_by, *values], cells))
     return out
 
 
-def _scope_cell(row: TableRow | None, marker: str) -> str:
+def _scope_cell(row: TableRow | None, marker: str, *, raw: bool = False) -> str:
     if row is None:
         return "-"
+    extra = ""
+    if raw:
+        norm = "" if row.normalised is None else f"; normalised {row.normalised:.2f}"
+        extra = f"; {raw_metric(row)}{norm}"
     if row.mean_percentile is None:
-        return f"n/a, no board ({row.valid_rate:.0%})"
-    return f"{_pct_se(row)}{marker} ({row.valid_rate:.0%})"
+        return f"n/a, no board ({row.valid_rate:.0%}){extra}"
+    return f"{_pct_se(row)}{marker} ({row.valid_rate:.0%}){extra}"
 
 
-def banner(data_kind: str) -> str | None:
+def banner(variant: str) -> str | None:
+    """The warning above a variant's tables (or a run's page); a data kind (``synthetic``) is taken as well."""
+    data_kind = data_kind_of(variant)
     if data_kind == "synthetic":
-        return ("SYNTHETIC DATA † — these runs used rexmle's synthetic mirrors of the challenge data: percentiles and "
-                "medals are computed against the human leaderboard but are NOT comparable with it")
+        level = "" if variant == "synthetic" else f" ({variant})"
+        return (f"SYNTHETIC DATA{level} † — these runs used rexmle's synthetic mirrors of the challenge data: "
+                "percentiles and medals are computed against the human leaderboard but are NOT comparable with it")
     if data_kind == "unknown":
         return ("DATA KIND UNKNOWN — these grades do not say whether the data was synthetic (written before grades "
                 "recorded it) and the task data is gone: not comparable with the human leaderboard")
@@ -273,11 +383,32 @@ def caveat_lines(report: GroupReport) -> list[str]:
     return lines
 
 
+def task_note_lines(report: GroupReport) -> list[str]:
+    """Per task: the versions the runs used, the expert bound of the normalised score, whether any run had network,
+    and the task's known issues."""
+    lines = []
+    for c in report.caveats:
+        versions = ", ".join(c.task_versions) or "no runs"
+        if c.expert_pin is None:
+            bound = "no pinned expert (rexmle-baselines not installed or no baseline covers it): no normalised score"
+        elif not c.expert_bounds:
+            bound = f"{c.expert_pin.name}: not calibrated yet, no normalised score"
+        else:
+            bound = "; ".join(b.describe() for b in c.expert_bounds)
+        network = (f"{c.runs_with_network} run(s) had network: public upstream test labels were reachable"
+                   if c.runs_with_network else "no run had network")
+        lines.append(f"{c.task_id}: task version(s) {versions}; expert bound (normalised 1): {bound}; {network}")
+        lines += [f"{c.task_id} known issue: {issue}" for issue in c.known_issues]
+    return lines
+
+
 def footer_lines(report: GroupReport) -> list[str]:
     lines = [f"{name}: {text}" for name, text in report.rules.items()]
+    lines += task_note_lines(report)
+    lines += few_data_lines(report)
     if any(r.reference == "calibration" for r in report.rows):
         lines.append("rows baseline:NAME are calibrated expert baselines (`rexmle baselines calibrate`): one measured "
-                     "run each, on the data kind their row shows; they are references, never padded or totalled")
+                     "run each, on the data variant their row shows; they are references, never padded or totalled")
     if report.duplicates:
         lines.append(f"left out as earlier duplicates of the same cell: {', '.join(report.duplicates)}")
     lines += cluster_lines(report)
@@ -286,6 +417,12 @@ def footer_lines(report: GroupReport) -> list[str]:
     if len(report.problems) > 30:
         lines.append(f"... and {len(report.problems) - 30} more problem(s) (see the JSON report)")
     return lines
+
+
+def few_data_lines(report: GroupReport) -> list[str]:
+    """One line per row of the overall table whose s.e. or CI rests on too little data (marked ‡)."""
+    return [f"{FEW_DATA_MARK} {row.variant} {'/'.join(row.keys.values())}: {'; '.join(row.interval_warnings)}"
+            for row in report.rows if row.scope == "all" and row.reference is None and row.interval_warnings]
 
 
 def cluster_lines(report: GroupReport) -> list[str]:
@@ -313,11 +450,11 @@ def render_terminal(report: GroupReport, console: Any) -> None:
 
     if not report.rows:
         console.print("no graded runs yet")
-    for data_kind in report.data_kinds:
-        text = banner(data_kind)
+    for variant in report.variants:
+        text = banner(variant)
         if text:
             console.print(Text(text, style="bold yellow"))
-        for title, columns, cells in tables(report, data_kind):
+        for title, columns, cells in tables(report, variant):
             table = Table(title=title, title_justify="left")
             for column in columns:
                 table.add_column(column, overflow="fold")
@@ -331,18 +468,20 @@ def render_terminal(report: GroupReport, console: Any) -> None:
 
 
 # the rules in one line for the terminal (in full in the JSON report and in --format md)
-TERMINAL_RULES = ("rules: invalid or missing = percentile 0 (position N+1); every row padded to every task x its "
-                  "seeds; no board (RAVIR) = left out of percentile means; s.e. over seeds; 95% CI = bootstrap of "
-                  "competitions, tasks, seeds; normalised = sample 0, best calibrated baseline 1 (all: --format md)")
+TERMINAL_RULES = ("rules: one table per data variant, never pooled; invalid or missing = percentile 0 (position "
+                  "N+1); every row padded to every task x its seeds; no board (RAVIR) = left out of percentile means; "
+                  "s.e. over seeds; 95% CI = bootstrap of competitions, tasks, seeds; ‡ = too few competitions or "
+                  "seeds for the s.e./CI to say much; normalised = sample 0, pinned expert bound 1 (per task below); "
+                  "cost unknown when a call had no price (all: --format md)")
 
 
 def to_markdown(report: GroupReport) -> str:
     out = io.StringIO()
-    for data_kind in report.data_kinds:
-        text = banner(data_kind)
+    for variant in report.variants:
+        text = banner(variant)
         if text:
             out.write(f"> **{text}**\n\n")
-        for title, columns, cells in tables(report, data_kind):
+        for title, columns, cells in tables(report, variant):
             out.write(f"**{title}**\n\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n")
             for row in cells:
                 out.write("| " + " | ".join(printable(c, one_line=True).replace("|", "\\|") for c in row) + " |\n")
@@ -358,7 +497,8 @@ def to_csv(report: GroupReport) -> str:
 
     records = []
     for row in report.rows:
-        flat = row.model_dump(exclude={"keys", "tasks_without_board"})
+        flat = row.model_dump(exclude={"keys", "tasks_without_board", "interval_warnings"})
         records.append({**{k: row.keys.get(k, "") for k in report.group_by}, **flat,
-                        "tasks_without_board": " ".join(row.tasks_without_board)})
-    return pd.DataFrame(records).to_csv(index=False)
+                        "tasks_without_board": " ".join(row.tasks_without_board),
+                        "interval_warnings": "; ".join(row.interval_warnings)})
+    return frame_to_csv(pd.DataFrame(records))  # agent text in a cell never runs as a spreadsheet formula

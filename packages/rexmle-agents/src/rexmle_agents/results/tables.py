@@ -4,7 +4,8 @@
 from rexmle_agents.results import load_runs, tidy_tables
 
 t = tidy_tables(load_runs(["runs/paper"]))
-t.runs          # one row per run: keys, score, comparability columns (hardware, budgets, tokens, cost, versions)
+t.runs          # one row per run: keys, data variant, score and raw primary metric, comparability columns
+                # (hardware, budgets, tokens, cost: empty when a call had no price, see uncosted_calls; versions)
 t.nodes         # one row per search node (scaffolds) or step (other agents): stage, metric, bug, time, tokens, cost
 t.model_calls   # one row per model call: time, step, model, tokens, cost, duration, retry time
 t.grades        # one row per graded run: status, percentile, position, medals, board size
@@ -23,6 +24,7 @@ from typing import Any
 from rexmle_agents.results.loader import RunSet
 from rexmle_agents.results.rows import run_row
 from rexmle_agents.results.trajectory import trajectory
+from rexmle_grade.csvsafe import frame_to_csv
 from rexmle_grade.errors import ConfigurationError
 
 TABLE_NAMES = ("runs", "nodes", "model_calls", "grades", "metrics")
@@ -53,7 +55,7 @@ class TidyTables:
             frame = getattr(self, name)
             path = folder / f"{name}.{fmt}"
             if fmt == "csv":
-                frame.to_csv(path, index=False)
+                frame_to_csv(frame, path)  # agent text in a cell never runs as a spreadsheet formula
             else:
                 frame.to_parquet(path, index=False)
             written.append(path)
@@ -69,7 +71,8 @@ def tidy_tables(runs: RunSet) -> TidyTables:
     grades: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
     for run in runs.runs:
-        key = {"run_id": run.run_id, "task_id": run.spec.task_id, "agent": run.spec.agent, "seed": run.spec.seed}
+        key = {"run_id": run.run_id, "variant": run.variant, "task_id": run.spec.task_id, "agent": run.spec.agent,
+               "seed": run.spec.seed}
         path = trajectory(run)
         for node in path.nodes:
             nodes.append({**key, "kind": path.kind, "node": node.id, "parent": node.parent, "stage": node.stage,
@@ -79,6 +82,7 @@ def tidy_tables(runs: RunSet) -> TidyTables:
                           "selection_score": (node.selection or {}).get("score"),
                           "started": node.started, "finished": node.finished, "seconds": node.seconds,
                           "model_calls": node.model_calls, "tokens": node.tokens, "cost_usd": node.cost_usd,
+                          "uncosted_calls": node.uncosted_calls,
                           "executions": len(node.executions)})
         for call in path.model_calls:
             calls.append({**key, "time": call.time, "step": call.step, "model": call.model,

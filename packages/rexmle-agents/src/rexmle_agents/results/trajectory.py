@@ -16,6 +16,7 @@ from typing import Any
 
 from rexmle_agents.results.loader import RunRecord
 from rexmle_agents.results.records import (
+    AgentTurn,
     CodeWritten,
     ExecFinished,
     FinalCollected,
@@ -68,7 +69,8 @@ class NodeView:
     seconds: float | None = None
     model_calls: int = 0
     tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: a call of the node had no price (see uncosted_calls)
+    uncosted_calls: int = 0
     executions: list[Execution] = field(default_factory=list)
 
 
@@ -170,6 +172,7 @@ def _tree_nodes(raw_nodes: list[dict[str, Any]], events: list[Any]) -> list[Node
 def _step_nodes(events: list[Any]) -> list[NodeView]:
     nodes: dict[int, NodeView] = {}
     previous: int | None = None
+    calls: dict[str, tuple[NodeView, str]] = {}  # a terminal agent's tool call id -> (its turn, the tool's name)
     for event in events:
         step = getattr(event, "step", None)
         if isinstance(event, StepStarted):
@@ -187,6 +190,8 @@ def _step_nodes(events: list[Any]) -> list[NodeView]:
         elif isinstance(event, CodeWritten):
             node = nodes[step]
             node.code = (node.code + "\n\n" if node.code else "") + f"# {event.file}\n{event.code}"
+        elif isinstance(event, AgentTurn):
+            _add_turn(nodes[step], event, calls)
         elif isinstance(event, ExecFinished):
             node = nodes[step]
             node.executions.append(_execution(event))
@@ -205,6 +210,27 @@ def _step_nodes(events: list[Any]) -> list[NodeView]:
                                             and getattr(e, "step", None) == number for e in events):
             node.status = "interrupted"
     return list(nodes.values())
+
+
+def _add_turn(node: NodeView, turn: AgentTurn, calls: dict[str, tuple[NodeView, str]]) -> None:
+    """A terminal agent's turn: its text is the node's plan, the commands (or tool calls) it asked for its code, and
+    the outputs of earlier turns' calls, which arrive with this turn's request, go to the turns that made them."""
+    node.plan = turn.text
+    lines = []
+    for call in turn.tool_calls:
+        arguments = call.get("arguments") or {}
+        command = next((arguments[k] for k in ("command", "cmd") if k in arguments), None)
+        if isinstance(command, list):
+            command = " ".join(str(part) for part in command)
+        lines.append(f"# {call.get('name')}\n{command}" if command is not None
+                     else f"# {call.get('name')}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})")
+        calls[str(call.get("id"))] = (node, str(call.get("name") or "tool"))
+    if lines:
+        node.code = (node.code + "\n\n" if node.code else "") + "\n\n".join(lines)
+    for result in turn.tool_results:
+        owner, name = calls.get(str(result.get("id")), (node, "tool"))
+        owner.executions.append(Execution(name=f"{name} {result.get('id')}", exit_code=None, stopped_by=None,
+                                          seconds=0.0, output_tail=str(result.get("output") or ""), log_files=()))
 
 
 def _describe_info(info: dict[str, Any]) -> str:
@@ -226,4 +252,6 @@ def _add_step_facts(node: NodeView, started: StepStarted | None, finished: StepF
         node.finished = finished.time
         node.seconds = finished.seconds
         usage = finished.model_usage
-        node.model_calls, node.tokens, node.cost_usd = usage.calls, usage.usage.total_tokens, usage.cost_usd
+        node.model_calls, node.tokens = usage.calls, usage.usage.total_tokens
+        node.cost_usd = None if usage.uncosted_calls else usage.cost_usd
+        node.uncosted_calls = usage.uncosted_calls

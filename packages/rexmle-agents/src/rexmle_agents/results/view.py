@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from rexmle_agents.results.loader import RunRecord, RunSet
-from rexmle_agents.results.report import GroupReport, banner
-from rexmle_agents.results.rows import budget_label, config_label, model_label
+from rexmle_agents.results.report import GroupReport, banner, raw_metric, task_note_lines
+from rexmle_agents.results.rows import budget_label, config_label, cost_text, model_label
+from rexmle_agents.results.stats import FEW_DATA_MARK
 from rexmle_agents.results.trajectory import NodeView, Trajectory, trajectory
 
 ASSETS = "rexmle_agents.results.assets"
@@ -102,7 +103,8 @@ def _node_json(node: NodeView, xy: tuple[float, float], run_dir: str) -> dict[st
         "metric": node.metric, "lower_is_better": node.lower_is_better, "buggy": node.buggy,
         "bug_reason": node.bug_reason[:TEXT_CHARS], "valid": node.valid, "final": node.final,
         "snapshot": node.snapshot, "selection": node.selection, "seconds": node.seconds,
-        "calls": node.model_calls, "tokens": node.tokens, "cost": node.cost_usd, "executions": executions,
+        "calls": node.model_calls, "tokens": node.tokens, "cost": node.cost_usd,
+        "cost_text": cost_text(node.cost_usd, node.uncosted_calls, digits=4), "executions": executions,
     }
 
 
@@ -117,7 +119,8 @@ def run_page(run: RunRecord, capabilities: Mapping[str, Any] | None = None) -> d
         {"name": "time", "used": status.elapsed_s, "limit": limits.time_limit_s, "unit": "s"},
         {"name": "steps", "used": status.steps, "limit": limits.max_steps, "unit": ""},
         {"name": "tokens", "used": status.tokens, "limit": limits.max_tokens, "unit": ""},
-        {"name": "cost", "used": status.cost_usd, "limit": limits.max_cost_usd, "unit": "$"},
+        {"name": "cost", "used": status.cost_usd, "limit": limits.max_cost_usd, "unit": "$",
+         "text": cost_text(status.cost_usd, status.uncosted_calls, digits=4)},
     ]
     calls = [{"time": round(c.time - (path.started or c.time), 2), "step": c.step, "model": c.model,
               "input": c.usage.input_tokens, "output": c.usage.output_tokens, "known": c.usage_known,
@@ -126,8 +129,8 @@ def run_page(run: RunRecord, capabilities: Mapping[str, Any] | None = None) -> d
     return {
         "id": run.run_id, "group": run.group, "dir": str(run.run_dir), "task": spec.task_id, "agent": spec.agent,
         "model": model_label(spec.models), "config": config_label(spec.agent_config, spec.selection_cases),
-        "agent_config": spec.agent_config, "seed": spec.seed, "data": run.data_kind,
-        "banner": banner(run.data_kind), "sandbox": spec.sandbox, "selection_k": spec.selection_cases,
+        "agent_config": spec.agent_config, "seed": spec.seed, "data": run.data_kind, "variant": run.variant,
+        "banner": banner(run.variant), "sandbox": spec.sandbox, "selection_k": spec.selection_cases,
         "budget": budget_label(limits.time_limit_s),
         "status": {"state": status.state, "reason": status.reason, "limit": status.limit,
                    "attempts": status.attempts, "started_at": status.started_at, "finished_at": status.finished_at,
@@ -155,16 +158,16 @@ def _grade_json(grade: Any) -> dict[str, Any] | None:
 
 
 def group_page(report: GroupReport) -> dict[str, Any]:
-    """The table: per data kind, each row's overall numbers and, per task, the runs behind each cell."""
+    """The table: per data variant, each row's overall numbers and, per task, the runs behind each cell."""
     runs_by_cell: dict[tuple[str, tuple[str, ...], str], list[dict[str, Any]]] = {}
     for run in report.runs:
         keys = tuple(str(getattr(run, "task_id" if k == "task" else k)) for k in report.group_by)
-        runs_by_cell.setdefault((run.data, keys, run.task_id), []).append(
+        runs_by_cell.setdefault((run.variant, keys, run.task_id), []).append(
             {"id": run.run_id, "seed": run.seed, "valid": run.valid, "pct": run.percentile_counted,
              "state": run.state})
     kinds = []
-    for data_kind in report.data_kinds:
-        rows = [r for r in report.rows if r.data == data_kind and r.reference is None]
+    for variant in report.variants:
+        rows = [r for r in report.rows if r.variant == variant and r.reference is None]
         tasks = sorted({r.scope_value for r in rows if r.scope == "task"})
         table = []
         for row in (r for r in rows if r.scope == "all"):
@@ -174,15 +177,20 @@ def group_page(report: GroupReport) -> dict[str, Any]:
                 "keys": list(key), "runs": row.n_runs, "missing": row.n_missing, "valid": row.valid_rate,
                 "mean": row.mean_percentile, "se": row.se_percentile, "ci": [row.ci_low, row.ci_high],
                 "median": row.median_percentile, "medals": row.medals, "normalised": row.normalised,
-                "cost": row.cost_per_run,
+                "cost": row.cost_per_run, "cost_text": cost_text(row.cost_per_run, row.uncosted_calls),
+                "warnings": row.interval_warnings,
+                "se_few": any(w.startswith("s.e.") for w in row.interval_warnings),
+                "ci_few": any(w.startswith("95% CI") for w in row.interval_warnings),
                 "tasks": {t: {"mean": per_task[t].mean_percentile if t in per_task else None,
                               "valid": per_task[t].valid_rate if t in per_task else None,
-                              "runs": sorted(runs_by_cell.get((data_kind, key, t), []), key=lambda r: r["seed"])}
+                              "raw": raw_metric(per_task[t]) if t in per_task else "-",
+                              "normalised": per_task[t].normalised if t in per_task else None,
+                              "runs": sorted(runs_by_cell.get((variant, key, t), []), key=lambda r: r["seed"])}
                           for t in tasks},
             })
-        kinds.append({"data": data_kind, "banner": banner(data_kind), "tasks": tasks, "rows": table})
-    return {"group_by": report.group_by, "kinds": kinds, "rules": report.rules,
-            "caveats": [c.model_dump() for c in report.caveats],
+        kinds.append({"data": variant, "banner": banner(variant), "tasks": tasks, "rows": table})
+    return {"group_by": report.group_by, "kinds": kinds, "rules": report.rules, "few_data_mark": FEW_DATA_MARK,
+            "caveats": [c.model_dump() for c in report.caveats], "task_notes": task_note_lines(report),
             "refused": [r.model_dump() for r in report.refused]}
 
 

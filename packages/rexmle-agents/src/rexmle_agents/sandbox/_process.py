@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rexmle_agents.sandbox._cgroups import CgroupSupport, RunCgroup, detect_cgroups
+from rexmle_agents.sandbox.identity import join_fresh_session_keyring
 from rexmle_grade.errors import SandboxError
 
 log = logging.getLogger(__name__)
@@ -197,8 +198,9 @@ def kill_tree(pid: int, cgroup: RunCgroup | None, *, descendants: bool, spare_ma
 
 
 def _child_setup(procs_files: tuple[bytes, ...], rlimits: tuple[tuple[int, int], ...]) -> Callable[[], None]:
-    """Runs in the forked child before exec: join the cgroup first (so every later fork is counted) and set the
-    rlimits. Only plain system calls: the harness may have other threads."""
+    """Runs in the forked child before exec: join the cgroup first (so every later fork is counted), set the
+    rlimits and subscribe to a new session keyring (what the command starts inherits it: no command possesses the
+    harness's session keyring or another's). Only plain system calls: the harness may have other threads."""
 
     def setup() -> None:
         pid = str(os.getpid()).encode()
@@ -210,6 +212,7 @@ def _child_setup(procs_files: tuple[bytes, ...], rlimits: tuple[tuple[int, int],
                 os.close(fd)
         for res, value in rlimits:
             resource.setrlimit(res, (value, value))
+        join_fresh_session_keyring()
 
     return setup
 

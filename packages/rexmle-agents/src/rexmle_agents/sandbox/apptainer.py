@@ -3,7 +3,8 @@ the harness's cgroup and rlimits apply to it as to bwrap.
 
 ``apptainer exec --containall --no-home --cleanenv --net --network none``: own PID/IPC/mount namespaces, no host
 home or /tmp, no host variables, no network (apptainer always sets no_new_privs). As root, ``--no-privs --security
-uid:U,gid:G`` runs the code as the unprivileged sandbox user without capabilities. The workspace is bound read-write
+uid:U,gid:G`` runs the code as the run's own leased unprivileged uid/gid without capabilities (it inherits the
+fresh session keyring the harness starts every command in). The workspace is bound read-write
 at /workspace and the public data read-only over /workspace/data; ``--nv`` passes the NVIDIA driver and devices
 through when the run has GPUs. The image (``spec.image``: a ``.sif`` file or a ``docker://`` reference) must hold
 Python and the rexmle packages.
@@ -15,6 +16,7 @@ import functools
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rexmle_agents.sandbox._container import container_env, require_image
 from rexmle_agents.sandbox.base import DATA_DIRNAME, WORKSPACE, Sandbox, SandboxSpec
@@ -32,10 +34,10 @@ def _apptainer_problem() -> str | None:
 class ApptainerSandbox(Sandbox):
     kind = "apptainer"
 
-    def __init__(self, spec: SandboxSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: SandboxSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
         self.image = require_image(spec, self.kind, "rexmle.sif or docker://ghcr.io/ORG/rexmle:TAG")
-        self.env = container_env(spec)
+        self.env = {**container_env(spec), **self.account_env()}
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -45,9 +47,10 @@ class ApptainerSandbox(Sandbox):
         spec = self.spec
         args = [shutil.which("apptainer") or "apptainer", "exec", "--containall", "--no-home", "--cleanenv",
                 "--writable-tmpfs"]
-        if self.user is not None:
-            # as root, apptainer would run the code as root: no privileges, and the unprivileged sandbox user
-            args += ["--no-privs", "--security", f"uid:{self.user.uid},gid:{self.user.gid}"]
+        user = self.user
+        if user is not None:
+            # as root, apptainer would run the code as root: no privileges, and the run's unprivileged identity
+            args += ["--no-privs", "--security", f"uid:{user.uid},gid:{user.gid}"]
         if not spec.network:
             args += ["--net", "--network", "none"]
         if spec.limits.gpus:

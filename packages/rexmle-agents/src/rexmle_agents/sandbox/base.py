@@ -6,14 +6,23 @@ enforces the wall-clock timeout and the resource limits, keeps the output in log
 :class:`ExecResult`. Inside an isolating sandbox the run's workspace is at :data:`WORKSPACE` (read-write), the task's
 public data at ``WORKSPACE/data`` (read-only), the Python environment and system folders read-only, and nothing else:
 no ``private/``, no leaderboard, no API key, no network.
+
+A harness running as root gives each sandbox's commands an unprivileged identity of its own (:mod:`.identity`),
+leased when first needed and released by :meth:`Sandbox.close` (or when the harness ends): the run's variants
+(:meth:`Sandbox.sibling`) share it. After every command the workspace is swept of set-user-id and set-group-id
+bits (nothing the agent leaves there grants its identity to whoever reaches the file), and a released workspace
+is given back to the harness (its root folder root's, mode 0700) until the next lease.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import tempfile
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from rexmle_agents.sandbox import _process
-from rexmle_agents.sandbox.identity import SandboxUser, sandbox_user
+from rexmle_agents.sandbox.identity import ACCOUNT_ENV_NAME, IdentityLease, SandboxUser, lease_identity
 from rexmle_grade.errors import SandboxError
 
 log = logging.getLogger(__name__)
@@ -107,11 +116,20 @@ class Sandbox(ABC):
     # False where the runtime enforces memory/process limits itself (the Docker engine).
     host_limits: ClassVar[bool] = True
 
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, spec: SandboxSpec, *, identity: IdentityLease | None = None) -> None:
+        """``identity``: the lease of the run this sandbox belongs to (a variant of its sandbox); by default a
+        harness running as root leases one for this sandbox when a command first needs it."""
         self.spec = spec
         _check_spec(spec)
-        # None: the harness is not root and commands run as its own user; else the unprivileged user they run as
-        self.user: SandboxUser | None = sandbox_user()
+        # False: the harness is not root and commands run as its own user; else as the run's unprivileged identity
+        self.drops_privileges = os.geteuid() == 0
+        self._lease = identity
+        self._owns_lease = identity is None
+        self._closed = False
+        self._lease_lock = threading.Lock()
+        self._owned_leases: list[IdentityLease] = []
+        # a sandbox dropped without close() still frees its id when collected (the next lease scrubs it)
+        weakref.finalize(self, _abandon, self._owned_leases)
         limits = spec.limits
         self._plan = _process.plan_limits(
             memory_bytes=limits.memory_bytes if self.host_limits else None,
@@ -129,9 +147,65 @@ class Sandbox(ABC):
         """None when this runtime works on this machine; else what is missing and how to install or avoid it."""
 
     @property
+    def lease(self) -> IdentityLease | None:
+        """The run's hold on its identity (leased on first use); None when the harness is not root."""
+        if not self.drops_privileges:
+            return None
+        with self._lease_lock:
+            if self._closed:
+                raise SandboxError("this sandbox is closed (its run ended) and its identity released",
+                                   hint="make a new sandbox for the run")
+            if self._lease is None:
+                self._lease = lease_identity()
+                if self._lease is not None:
+                    self._owned_leases.append(self._lease)
+            return self._lease
+
+    @property
+    def user(self) -> SandboxUser | None:
+        """The unprivileged identity commands run as (None: the harness's own user, which is not root)."""
+        lease = self.lease
+        return None if lease is None else lease.user
+
+    @property
     def owner(self) -> tuple[int, int] | None:
         """(uid, gid) that folders made for the agent must belong to (None: the harness's own user)."""
-        return None if self.user is None else self.user.owner
+        user = self.user
+        return None if user is None else user.owner
+
+    def account_env(self) -> dict[str, str]:
+        """USER and LOGNAME for commands run under a leased id, which has no password entry to name it."""
+        return {"USER": ACCOUNT_ENV_NAME, "LOGNAME": ACCOUNT_ENV_NAME} if self.drops_privileges else {}
+
+    def sibling(self, spec: SandboxSpec) -> Sandbox:
+        """A sandbox of the same runtime for another spec of the same run (further binds, another start folder),
+        running as the same identity; closing it leaves the identity to this one."""
+        return type(self)(spec, identity=self.lease)
+
+    def close(self) -> None:
+        """The run is over: kill what still runs, give the workspace back to the harness and release the identity
+        (scrubbed for its next holder). Idempotent; a closed sandbox runs nothing more."""
+        from rexmle_agents.safe_workspace import Workspace, WorkspaceRefused
+
+        with self._lease_lock:
+            if self._closed:
+                return
+            self._closed = True
+            lease = self._lease if self._owns_lease else None
+        self.kill_all()
+        if lease is None or lease.user.shared:
+            return
+        try:
+            with contextlib.suppress(WorkspaceRefused):  # a workspace already deleted has nothing to give back
+                Workspace(self.spec.workspace, owner=(0, 0)).own_root()
+        finally:
+            lease.release()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def workspace_path(self) -> str:
@@ -160,9 +234,12 @@ class Sandbox(ABC):
         logs = Path(tempfile.mkdtemp(prefix="rexmle-exec-")) if log_dir is None else log_dir
         logs.mkdir(parents=True, exist_ok=True)
         stdout_path, stderr_path = logs / f"{log_name}.stdout", logs / f"{log_name}.stderr"
-        outcome = _process.run_host(self._launch(argv), self._plan, stdout_path=stdout_path,
-                                    stderr_path=stderr_path, timeout_s=timeout_s, cancel=cancel,
-                                    register=self._register_factory())
+        try:
+            outcome = _process.run_host(self._launch(argv), self._plan, stdout_path=stdout_path,
+                                        stderr_path=stderr_path, timeout_s=timeout_s, cancel=cancel,
+                                        register=self._register_factory())
+        finally:
+            self.sweep_workspace()
         stdout_tail, stderr_tail = _process.tail(stdout_path), _process.tail(stderr_path)
         exit_code, stopped_by = self._classify(outcome, stderr_tail)
         return ExecResult(argv=tuple(argv), exit_code=exit_code, stopped_by=stopped_by, stdout_tail=stdout_tail,
@@ -178,15 +255,28 @@ class Sandbox(ABC):
 
     def prepare_workspace(self) -> None:
         """The folders commands need, as real folders (a link planted at one of their names is replaced, never
-        followed) that the sandbox's user owns; and the data view's mount point, a real folder the harness owns."""
+        followed) that the sandbox's user owns; and the data view's mount point, a real folder the harness owns.
+        A workspace that belonged to another identity (an earlier attempt's, given back when it ended) is handed
+        over whole to this one."""
         from rexmle_agents.safe_workspace import Workspace
 
         workspace = Workspace(self.spec.workspace, owner=self.owner)
-        workspace.own_root()
+        if workspace.own_root():
+            workspace.sweep(reown=True, skip=(DATA_DIRNAME,))
         for sub in (SUBMISSION_DIRNAME, self.spec.workdir, HOME_DIRNAME):
             workspace.ensure_dir(sub)
         if self.isolating:
             Workspace(self.spec.workspace).ensure_dir(DATA_DIRNAME, own=False)
+
+    def sweep_workspace(self) -> None:
+        """Clear every set-user-id and set-group-id bit agent code left in the workspace (links never followed,
+        the walk bounded); a tree too large or deep to finish is logged (the watchdog stops such runs)."""
+        from rexmle_agents.safe_workspace import Workspace
+
+        swept = Workspace(self.spec.workspace).sweep(skip=(DATA_DIRNAME,))
+        if not swept.complete:
+            log.warning("the set-id sweep of %s stopped after %d entries (depth %d); what lies beyond keeps its "
+                        "modes", self.spec.workspace, swept.entries, swept.depth)
 
     def _register_factory(self) -> Callable[[_process.Running | None], None]:
         """The callback through which one command enters (its Running) and leaves (None) the set kill_all sees."""
@@ -227,6 +317,11 @@ class Sandbox(ABC):
         if sig is not None:
             return None, f"signal:{sig}"
         return code, None
+
+
+def _abandon(leases: list[IdentityLease]) -> None:
+    for lease in leases:
+        lease.abandon()
 
 
 def _check_spec(spec: SandboxSpec) -> None:

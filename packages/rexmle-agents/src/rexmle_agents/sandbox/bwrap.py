@@ -11,7 +11,9 @@ environment is rebuilt from nothing, and the sandbox dies with the harness.
 Who the code runs as (:mod:`.identity`): a harness that is not root runs bwrap unprivileged, in a user namespace
 that maps the code to the harness's own user. A harness that is root lets bwrap set up the mounts as root, without
 a user namespace (one created by root would map the code to host root again), keeping only the capabilities to
-change user; ``setpriv`` then drops to the unprivileged sandbox user before the command starts.
+change user; ``setpriv`` then drops to the run's own unprivileged identity before the command starts. The mounts
+are made by root, so the host folders above the workspace need not be open to that identity; bwrap binds every
+tree ``nosuid`` and ``nodev`` (the workspace included), so a set-id file the code makes grants nothing inside.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rexmle_agents.sandbox import environment
 from rexmle_agents.sandbox.base import DATA_DIRNAME, WORKSPACE, Sandbox, SandboxSpec
@@ -56,12 +59,12 @@ READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 HIDDEN_PROC_FILES = ("/proc/config.gz",)
 
 
-def _check_readable_by_others(paths: Sequence[Path], user: str) -> None:
+def _check_readable_by_others(paths: Sequence[Path]) -> None:
     """The trees bound into the sandbox keep their own modes: one closed to others is unusable by the sandbox user."""
     closed = [str(p) for p in paths if Path(p).is_dir() and (Path(p).stat().st_mode & 0o005) != 0o005]
     if closed:
-        raise SandboxError(f"the sandbox runs agent code as the unprivileged user {user!r}, but these folders it "
-                           f"needs are closed to other users: {', '.join(closed)}",
+        raise SandboxError("the sandbox runs agent code as an unprivileged identity of its own, but these folders "
+                           f"it needs are closed to other users: {', '.join(closed)}",
                            hint="chmod o+rx them (a Python environment and the task's public data must be readable "
                                 "by everyone), or keep them elsewhere")
 
@@ -78,18 +81,17 @@ def _ancestors(paths: Sequence[Path]) -> list[str]:
 class BwrapSandbox(Sandbox):
     kind = "bwrap"
 
-    def __init__(self, spec: SandboxSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: SandboxSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
         self.view = environment.host_view(spec)  # refuses a spec that would expose private data
-        if self.user is not None:
-            _check_readable_by_others([*self.view.ro_paths, spec.data, *(Path(b.host) for b in spec.binds)],
-                                      self.user.name)
+        if self.drops_privileges:
+            _check_readable_by_others([*self.view.ro_paths, spec.data, *(Path(b.host) for b in spec.binds)])
         self.gpus = gpu_binds(spec.limits.gpus) if spec.limits.gpus else ([], [], [])
         env = environment.sandbox_env(spec, workspace=WORKSPACE, tmpdir="/tmp", venv_bin=environment.venv_bin(),
                                       host_system=True)
         if self.gpus[2]:  # the run's GPUs by UUID: the numbering of indices differs between tools
             env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.minor) for d in self.gpus[2])
-        self.env = env
+        self.env = {**env, **self.account_env()}
         self._prefix = self._build_prefix()
 
     @classmethod
@@ -99,14 +101,16 @@ class BwrapSandbox(Sandbox):
     def _build_prefix(self) -> list[str]:
         spec = self.spec
         args = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session"]
-        if self.user is None:
+        if not self.drops_privileges:
             args += ["--cap-drop", "ALL", "--unshare-all"]
         else:
             # no user namespace (root's would map the code to host root); setpriv needs these two to drop to the
-            # sandbox user, and clears the bounding set with the third; nothing is left once the command starts
+            # sandbox user, and clears the bounding set with the third; bwrap needs the fourth to enter the start
+            # folder in the workspace, which only the run's identity may enter; the change of uid clears them all
+            # before the command starts
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                     "--cap-add", "CAP_SETPCAP", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
-                     "--unshare-cgroup-try", "--unshare-net"]
+                     "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_DAC_READ_SEARCH", "--unshare-ipc",
+                     "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
         if spec.network:
             args.append("--share-net")
         args += ["--hostname", "sandbox", "--clearenv"]
@@ -152,5 +156,6 @@ class BwrapSandbox(Sandbox):
         return args
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        inner = list(argv) if self.user is None else self.user.drop_privileges(argv)
+        user = self.user
+        inner = list(argv) if user is None else user.drop_privileges(argv)
         return [*self._prefix, "--", *inner]

@@ -4,7 +4,8 @@ container (killing the client alone would leave it running).
 
 ``docker run --rm --network none --read-only``: a read-only root with a private /tmp, no network, every
 capability dropped, no privilege escalation, running as the harness's uid/gid (so workspace files stay the
-user's), or as the unprivileged sandbox user when the harness is root; the workspace bound read-write at
+user's), or as the run's own leased unprivileged uid/gid when the harness is root (runc gives every container a
+new session keyring); the workspace bound read-write at
 /workspace and the public data read-only over /workspace/data; the run's GPUs by ``--gpus device=...``. The
 image (``spec.image``) must hold Python and the rexmle packages.
 """
@@ -18,6 +19,7 @@ import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rexmle_agents.sandbox import _process
 from rexmle_agents.sandbox._container import container_env, require_image
@@ -47,10 +49,10 @@ class DockerSandbox(Sandbox):
     kind = "docker"
     host_limits = False
 
-    def __init__(self, spec: SandboxSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: SandboxSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
         self.image = require_image(spec, self.kind, "ghcr.io/ORG/rexmle:TAG")
-        self.env = container_env(spec)
+        self.env = {**container_env(spec), **self.account_env()}
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -92,8 +94,9 @@ class DockerSandbox(Sandbox):
         return [*args, self.image, *argv]
 
     def _user(self) -> str:
-        """The harness's own uid:gid, or the unprivileged sandbox user's when the harness is root."""
-        return f"{os.getuid()}:{os.getgid()}" if self.user is None else f"{self.user.uid}:{self.user.gid}"
+        """The harness's own uid:gid, or the run's leased unprivileged uid:gid when the harness is root."""
+        user = self.user
+        return f"{os.getuid()}:{os.getgid()}" if user is None else f"{user.uid}:{user.gid}"
 
     def _launch(self, argv: Sequence[str]) -> _process.Launch:
         name = f"rexmle-{uuid.uuid4().hex[:16]}"

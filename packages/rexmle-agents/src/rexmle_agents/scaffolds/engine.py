@@ -401,7 +401,8 @@ class Workbench:
     def _select(self, node: Node) -> None:
         direction = "lower" if node.lower_is_better else "higher"
         name = f"{node.metric_name} " if node.metric_name else ""
-        how = "chosen by the feedback" if self.choose_best is not None else "best validation metric"
+        # a policy's choice is named only when it made one (rdloop: a round the feedback accepted), not its fallback
+        how = "chosen by the feedback" if self.choose_best is not None and node.accepted else "best validation metric"
         self.ctx.select_final(node.snapshot_id or "", reason=f"node {node.id}: {how} {name}{node.metric:.6g} "
                               f"({direction} is better) of {len(self.tree.good)} valid node(s)")
         self._selected = node.snapshot_id

@@ -6,6 +6,7 @@ Nodes are plain JSON-serialisable records: the whole tree is saved through the r
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -91,10 +92,15 @@ class Node:
         return self.status == NodeStatus.DONE.value
 
     @property
+    def has_metric(self) -> bool:
+        """A metric that can be compared: a finite number (a NaN or infinite one, however it arrived, is none)."""
+        return isinstance(self.metric, (int, float)) and math.isfinite(self.metric)
+
+    @property
     def works(self) -> bool:
-        """Its development succeeded (done or not yet marked done): not buggy, a metric, a submission that
+        """Its development succeeded (done or not yet marked done): not buggy, a finite metric, a submission that
         validated."""
-        return not self.is_buggy and self.metric is not None and self.submission_valid
+        return not self.is_buggy and self.has_metric and self.submission_valid
 
     @property
     def is_valid(self) -> bool:
@@ -103,8 +109,9 @@ class Node:
 
     @property
     def score(self) -> float | None:
-        """The metric turned so that higher is better, read in the node's own direction."""
-        if self.metric is None:
+        """The metric turned so that higher is better, read in the node's own direction (None without a finite
+        metric: never compared)."""
+        if not self.has_metric:
             return None
         return -self.metric if self.lower_is_better else self.metric
 
@@ -114,6 +121,8 @@ class Node:
             return f"DUPLICATE of node {self.duplicate_of}: the same script, not run again"
         if self.is_buggy:
             return f"BUGGY: {self.bug_reason or 'failed'}"
+        if not self.has_metric:
+            return "NO METRIC: no finite validation metric was reported"
         direction = "lower is better" if self.lower_is_better else "higher is better"
         name = f"{self.metric_name} " if self.metric_name else ""
         return f"validation metric {name}{self.metric:.6g} ({direction})"

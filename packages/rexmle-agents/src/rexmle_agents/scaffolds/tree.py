@@ -64,10 +64,11 @@ class Tree:
         return [n for n in self if n.done and n.is_buggy and not n.children and n.duplicate_of is None]
 
     def best(self) -> Node | None:
-        """The valid node with the best metric in its own direction; the earliest wins ties."""
+        """The valid node with the best metric in its own direction; the earliest wins ties. A NaN or infinite
+        metric is no metric (such a node is not valid), so it never wins and never blocks a real one."""
         best: Node | None = None
         for node in self.good:
-            if best is None or node.score > best.score:  # type: ignore[operator]
+            if node.score is not None and (best is None or node.score > best.score):  # type: ignore[operator]
                 best = node
         return best
 

@@ -31,6 +31,8 @@
   const pct = (v) => (v === null || v === undefined ? "-" : (100 * v).toFixed(1) + "%");
   const num = (v, digits) => (v === null || v === undefined ? "-" : Number(v).toFixed(digits === undefined ? 2 : digits));
   const money = (v) => (v === null || v === undefined ? "-" : "$" + Number(v).toFixed(4));
+  // costs come as text from the report ("unknown (3 uncosted calls)" when a call had no price, never $0.00)
+  const costText = (text, v) => (text === null || text === undefined ? money(v) : text);
   function duration(s) {
     if (s === null || s === undefined) return "-";
     if (s >= 3600) return (s / 3600).toFixed(2) + " h";
@@ -57,21 +59,29 @@
     for (const kind of group.kinds) {
       app.appendChild(el("h2", {}, kind.data + " data"));
       if (kind.banner) app.appendChild(el("div", { class: "banner" }, kind.banner));
-      const columns = [...group.group_by, "runs", "missing", "valid", "mean pct ± s.e.", "95% CI", "median",
+      const columns = [...group.group_by, "data", "runs", "missing", "valid", "mean pct ± s.e.", "95% CI", "median",
         "medals", "normalised", "cost/run"];
-      const rows = kind.rows.map((row) => [...row.keys, String(row.runs), String(row.missing), pct(row.valid),
-        pct(row.mean) + (row.se === null ? "" : " ± " + pct(row.se)),
-        row.ci[0] === null ? "-" : "[" + pct(row.ci[0]) + ", " + pct(row.ci[1]) + "]", pct(row.median),
-        String(row.medals), num(row.normalised), money(row.cost)]);
-      app.appendChild(table(columns, rows, columns.map((_, i) => i >= group.group_by.length)));
-      app.appendChild(el("h2", {}, "per task (mean percentile, valid rate; each seed links to its run)"));
-      const taskRows = kind.rows.map((row) => [...row.keys, ...kind.tasks.map((task) => taskCell(row.tasks[task]))]);
-      app.appendChild(table([...group.group_by, ...kind.tasks], taskRows));
+      const mark = (on) => (on ? " " + group.few_data_mark : "");
+      const rows = kind.rows.map((row) => [...row.keys, kind.data, String(row.runs), String(row.missing), pct(row.valid),
+        pct(row.mean) + (row.se === null ? "" : " ± " + pct(row.se) + mark(row.se_few)),
+        row.ci[0] === null ? "-" : "[" + pct(row.ci[0]) + ", " + pct(row.ci[1]) + "]" + mark(row.ci_few), pct(row.median),
+        String(row.medals), num(row.normalised), costText(row.cost_text, row.cost)]);
+      app.appendChild(table(columns, rows, columns.map((_, i) => i > group.group_by.length)));
+      for (const row of kind.rows) {
+        if (row.warnings.length) app.appendChild(el("p", { class: "muted" }, group.few_data_mark + " " + row.keys.join("/") + ": " + row.warnings.join("; ")));
+      }
+      app.appendChild(el("h2", {}, "per task (mean percentile, valid rate, raw primary metric, normalised; each seed links to its run)"));
+      const taskRows = kind.rows.map((row) => [...row.keys, kind.data, ...kind.tasks.map((task) => taskCell(row.tasks[task]))]);
+      app.appendChild(table([...group.group_by, "data", ...kind.tasks], taskRows));
     }
     app.appendChild(el("h2", {}, "leaderboards"));
     app.appendChild(table(["task", "human rows", "teams", "caveat"], group.caveats.map((c) =>
       [c.task_id, c.board_rows === null ? "none" : String(c.board_rows),
         c.board_teams === null ? "-" : String(c.board_teams), c.note])));
+    if ((group.task_notes || []).length) {
+      app.appendChild(el("h2", {}, "task versions, expert bound, known issues"));
+      app.appendChild(el("ul", {}, group.task_notes.map((line) => el("li", {}, line))));
+    }
     app.appendChild(el("h2", {}, "rules"));
     app.appendChild(el("ul", {}, Object.entries(group.rules).map(([k, v]) => el("li", {}, el("b", {}, k + ": "), v))));
     if (group.refused.length) {
@@ -82,7 +92,8 @@
 
   function taskCell(cell) {
     if (!cell) return "-";
-    const head = (cell.mean === null ? "n/a" : pct(cell.mean)) + " (" + pct(cell.valid) + ") ";
+    const head = (cell.mean === null ? "n/a" : pct(cell.mean)) + " (" + pct(cell.valid) + "); " + cell.raw +
+      (cell.normalised === null ? "" : "; normalised " + num(cell.normalised)) + " ";
     const links = cell.runs.map((run) => el("a", {
       class: "run" + (run.valid ? "" : " invalid"), href: "#run=" + encodeURIComponent(run.id),
       title: run.id + ": " + run.state + ", percentile " + pct(run.pct),
@@ -111,7 +122,7 @@
     ]));
     children.push(el("h2", {}, "budgets"));
     children.push(table(["budget", "used", "limit", ""], run.budgets.map((b) => {
-      const used = b.name === "time" ? duration(b.used) : b.name === "cost" ? money(b.used) : num(b.used, 0);
+      const used = b.name === "time" ? duration(b.used) : b.name === "cost" ? costText(b.text, b.used) : num(b.used, 0);
       const limit = b.limit === null ? "none" : b.name === "time" ? duration(b.limit) : b.name === "cost" ? money(b.limit) : num(b.limit, 0);
       const share = b.limit && b.used !== null ? Math.min(1, b.used / b.limit) : 0;
       const bar = el("span", { class: "barbox" }, el("span", { class: "bar", style: "width:" + (120 * share).toFixed(0) + "px" }));
@@ -136,7 +147,7 @@
     }
     children.push(table(["t (s)", "step", "model", "input", "output", "cost", "seconds", "retry s"],
       run.model_calls.map((c) => [num(c.time, 1), c.step === null ? "-" : String(c.step), c.model,
-        c.known ? String(c.input) : "unknown", c.known ? String(c.output) : "unknown", money(c.cost), num(c.seconds, 1), num(c.retry, 1)]),
+        c.known ? String(c.input) : "unknown", c.known ? String(c.output) : "unknown", c.cost === null ? "unknown (no price)" : money(c.cost), num(c.seconds, 1), num(c.retry, 1)]),
       [true, true, false, true, true, true, true, true]));
     children.push(el("h2", {}, "final grade"));
     children.push(gradeSection(run.grade));
@@ -190,7 +201,7 @@
       ["selection score", node.selection ? "K=" + node.selection.k + ", mean position " + num(node.selection.score) +
         ", percentile " + pct(node.selection.percentile) : "-"],
       ["step", node.step === null ? "-" : String(node.step)], ["time", duration(node.seconds)],
-      ["model calls", String(node.calls)], ["tokens", String(node.tokens)], ["cost", money(node.cost)],
+      ["model calls", String(node.calls)], ["tokens", String(node.tokens)], ["cost", costText(node.cost_text, node.cost)],
     ]));
     for (const [name, text] of [["hypothesis", node.hypothesis], ["plan", node.plan], ["review", node.analysis], ["lesson", node.lesson]]) {
       if (text) parts.push(el("h2", {}, name), el("pre", { class: "text" }, text));

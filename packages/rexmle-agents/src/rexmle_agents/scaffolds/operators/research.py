@@ -69,7 +69,7 @@ class Feedback:
     supported: bool
     observations: str
     lesson: str
-    replace_best: bool = False
+    replace_best: bool | None = None  # None: no decision (not asked for: the metric decides)
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,10 @@ class Hypothesise:
 
 
 class GiveFeedback:
+    """Where the feedback decides the best (the workbench has the policy's ``choose_best``), an answer without its
+    decision (``replace_best``) is not usable: it is asked for again like any other missing field, never read as
+    "no"."""
+
     name: ClassVar[str] = "feedback"
     role: ClassVar[str] = "feedback"
 
@@ -138,13 +142,14 @@ class GiveFeedback:
         solution = node.plan or "(no plan)"
         prompt = render("feedback", hypothesis=node.hypothesis or "(none)", outcome=outcome_text(bench, node),
                         solution=solution, best=bench.best_before(node), knowledge=knowledge_text(bench))
+        check = _check_decision if bench.choose_best is not None else _check_feedback
         answer = ask_for_tool(bench, self.role, [Message.system(bench.system_prompt), Message.user(prompt)],
-                              SUBMIT_FEEDBACK, _check_feedback)
+                              SUBMIT_FEEDBACK, check)
         if answer.arguments is None:
             return None
         args = answer.arguments
         return Feedback(supported=args["supported"], observations=args["observations"].strip(),
-                        lesson=args["lesson"].strip(), replace_best=args.get("replace_best", False))
+                        lesson=args["lesson"].strip(), replace_best=args.get("replace_best"))
 
 
 class Critique:
@@ -188,9 +193,18 @@ def _check_hypothesis(arguments: Mapping[str, Any]) -> str:
 
 
 def _check_feedback(arguments: Mapping[str, Any]) -> str:
-    # replace_best is asked for; a feedback without it makes no decision (the loop keeps its best)
+    # where the metric decides, replace_best is read by nothing: an answer without it is still usable
     optional = {"replace_best": (bool,)} if "replace_best" in arguments else {}
     return check_fields(arguments, {"supported": (bool,), "observations": (str,), "lesson": (str,), **optional})
+
+
+def _check_decision(arguments: Mapping[str, Any]) -> str:
+    problem = _check_feedback(arguments)
+    if "replace_best" not in arguments:
+        missing = ("replace_best is missing: the loop needs your decision, true or false, whether this round's "
+                   "solution becomes the best so far")
+        problem = f"{problem}; {missing}" if problem else missing
+    return problem
 
 
 def _check_code_review(arguments: Mapping[str, Any]) -> str:

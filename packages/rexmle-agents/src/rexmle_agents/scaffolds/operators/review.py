@@ -8,6 +8,7 @@ compared with the others.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -78,7 +79,10 @@ class Analyse:
             node.bug_reason = f"no usable review after asking twice: {answer.problem}"
             return None
         args = answer.arguments
-        review = Review(is_bug=args["is_bug"], metric=None if args["metric"] is None else float(args["metric"]),
+        reported = None if args["metric"] is None else float(args["metric"])
+        # a NaN or infinite metric is no metric: it can be neither compared nor written as JSON
+        review = Review(is_bug=args["is_bug"], metric=reported if reported is not None and math.isfinite(reported)
+                        else None,
                         metric_name=args.get("metric_name", "").strip(),
                         is_task_metric=args.get("is_task_metric", True),
                         summary=args["summary"].strip())

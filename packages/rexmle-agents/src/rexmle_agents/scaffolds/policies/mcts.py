@@ -42,8 +42,8 @@ class Mcts:
     slots: ClassVar[tuple[str, ...]] = ("draft", "debug", "improve", "analyse")
 
     def __init__(self, params: Mapping[str, Any], seed: int) -> None:
+        # no random choice is made (UCT ties break by node id), so the run seed is not kept
         self.p = {k: params[k] for k in self.defaults}
-        self.seed = seed
 
     # ---- selection ------------------------------------------------------------------------------------------
     def exploration(self, nodes_done: int) -> float:

@@ -9,7 +9,9 @@ R&D-Agent's two mechanisms beyond that, on in the ``rdloop`` preset (off at the 
 ``coding_rounds`` > 1 is its multi-round coder (CoSTEER): before the full run a reviewer (the ``critique``
 operator) reads the script and its sample run, and the coder revises it (``revise``), with the knowledge base of
 past failures in both prompts; ``feedback_decides_best`` makes the feedback model decide whether a round becomes
-the best so far (the base of the next rounds and the submitted node), with the metric as evidence.
+the best so far (the base of the next rounds and the submitted node), with the metric as evidence. A feedback
+without its decision is asked again; a round left without one (``accepted`` None) is recorded by its metric, and
+until the feedback accepts a round the best metric is the choice, labelled as such.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ class RdLoop:
         feedback = ops["feedback"](bench, node)
         node.analysis = "\n".join(x for x in (node.analysis, feedback and f"feedback: {feedback.observations}") if x)
         node.lesson = feedback.lesson if feedback else ""
-        if self.feedback_decides_best:
-            node.accepted = bool(node.works and feedback is not None and feedback.replace_best)
+        if self.feedback_decides_best:  # no usable feedback, even asked again: no decision (the metric decides)
+            node.accepted = None if feedback is None or feedback.replace_best is None else \
+                bool(node.works and feedback.replace_best)
 
     def code(self, bench: Workbench, node: Node) -> bool:
         """The coding rounds before the full run: the sample run, and with ``coding_rounds`` > 1 the code review
@@ -116,7 +119,7 @@ class RdLoop:
         if node.is_buggy and node.code and node.debug_depth < self.max_debug_depth:
             return
         before = [n.score for n in bench.tree.good if n.id < node.id]
-        if node.is_valid and self.feedback_decides_best:
+        if node.is_valid and self.feedback_decides_best and node.accepted is not None:
             outcome = "worked" if node.accepted else "no gain"
         elif node.is_valid:
             improved = not before or node.score > max(before)  # type: ignore[operator]
