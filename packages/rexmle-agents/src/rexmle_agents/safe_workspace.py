@@ -34,7 +34,7 @@ import io
 import os
 import stat
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -447,11 +447,43 @@ class Workspace:
             return _Copy(sub, dest, limits).run(list(file_columns))
 
     # ---- measuring --------------------------------------------------------------------------------------
+    def _walk(self, visit: Callable[[int, bool], list[str]], *, stop: Callable[[], bool]) -> tuple[int, bool]:
+        """Depth-first over the folders below the root without following links, one descriptor per folder level:
+        ``visit(fd, top)`` handles a folder's entries and returns the names of its sub-folders; the walk stops
+        early (returning False) once ``stop()`` says so or below :data:`MAX_DEPTH` folders. Returns the
+        deepest level reached and whether the walk was complete."""
+        root = self._open_root()
+        frames: list[tuple[int, list[str]]] = [(root, [])]
+        deepest = 0
+        try:
+            frames[0] = (root, visit(root, True))
+            while frames:
+                if stop() or len(frames) > MAX_DEPTH:
+                    return max(deepest, len(frames)), False
+                fd, pending = frames[-1]
+                if not pending:
+                    os.close(frames.pop()[0])
+                    continue
+                try:
+                    child = os.open(pending.pop(), _O_DIR, dir_fd=fd)
+                except OSError:  # gone, swapped for a link, or closed to the harness: nothing below it to visit
+                    continue
+                try:
+                    frames.append((child, visit(child, False)))
+                except BaseException:
+                    os.close(child)
+                    raise
+                deepest = max(deepest, len(frames) - 1)
+        finally:
+            for fd, _ in frames:
+                os.close(fd)
+        return deepest, True
+
     def usage(self, *, max_entries: int | None = None, skip: Sequence[str] = ()) -> Usage:
         """Bytes allocated (``st_blocks``) and entries under the root, never following links; stops early (with
         ``complete`` False) past ``max_entries`` or below :data:`MAX_DEPTH` folders. ``skip``: top-level names
         not counted (the read-only data view's mount point). One descriptor per folder level is open at a time."""
-        total = entries = deepest = 0
+        total = entries = 0
 
         def scan(fd: int, top: bool) -> list[str]:
             nonlocal total, entries
@@ -470,34 +502,8 @@ class Workspace:
                         folders.append(entry.name)
             return folders
 
-        root = self._open_root()
-        frames: list[tuple[int, list[str]]] = [(root, scan(root, True))]
-        try:
-            while frames:
-                if max_entries is not None and entries > max_entries:
-                    return Usage(total, entries, deepest, complete=False)
-                fd, pending = frames[-1]
-                if not pending:
-                    os.close(frames.pop()[0])
-                    continue
-                name = pending.pop()
-                if len(frames) >= MAX_DEPTH:
-                    return Usage(total, entries, len(frames) + 1, complete=False)
-                try:
-                    child = os.open(name, _O_DIR, dir_fd=fd)
-                except OSError:  # gone, or swapped for a link meanwhile: nothing to count below it
-                    continue
-                try:
-                    frames.append((child, scan(child, False)))
-                except BaseException:
-                    os.close(child)
-                    raise
-                deepest = max(deepest, len(frames) - 1)
-        finally:
-            for fd, _ in frames:
-                os.close(fd)
-        return Usage(total, entries, deepest)
-
+        deepest, complete = self._walk(scan, stop=lambda: max_entries is not None and entries > max_entries)
+        return Usage(total, entries, deepest, complete=complete)
 
     def sweep(self, *, reown: bool = False, skip: Sequence[str] = (),
               max_entries: int = SWEEP_MAX_ENTRIES) -> Swept:
@@ -506,11 +512,16 @@ class Workspace:
         meanwhile changes the link's owner, never its target's). Bounded like :meth:`usage`; a folder that cannot
         be listed is passed over. ``skip``: top-level names left alone (the data view)."""
         owner = self.owner if reown else None
-        entries = deepest = cleared = reowned = 0
+        entries = cleared = reowned = 0
 
         def visit(fd: int, top: bool) -> list[str]:
             nonlocal entries, cleared, reowned
             folders: list[str] = []
+            if top:  # the root itself
+                info = os.fstat(fd)
+                if info.st_mode & _SET_ID:
+                    os.fchmod(fd, stat.S_IMODE(info.st_mode) & ~_SET_ID)
+                    cleared += 1
             try:
                 listing = os.scandir(fd)
             except OSError:
@@ -534,35 +545,8 @@ class Workspace:
                         folders.append(entry.name)
             return folders
 
-        root = self._open_root()
-        frames: list[tuple[int, list[str]]] = [(root, [])]
-        try:
-            info = os.fstat(root)
-            if info.st_mode & _SET_ID:
-                os.fchmod(root, stat.S_IMODE(info.st_mode) & ~_SET_ID)
-                cleared += 1
-            frames[0] = (root, visit(root, True))
-            while frames:
-                if entries > max_entries or len(frames) > MAX_DEPTH:
-                    return Swept(entries, max(deepest, len(frames)), cleared, reowned, complete=False)
-                fd, pending = frames[-1]
-                if not pending:
-                    os.close(frames.pop()[0])
-                    continue
-                try:
-                    child = os.open(pending.pop(), _O_DIR, dir_fd=fd)
-                except OSError:  # gone, swapped for a link, or closed to the harness: nothing to sweep below it
-                    continue
-                try:
-                    frames.append((child, visit(child, False)))
-                except BaseException:
-                    os.close(child)
-                    raise
-                deepest = max(deepest, len(frames) - 1)
-        finally:
-            for fd, _ in frames:
-                os.close(fd)
-        return Swept(entries, deepest, cleared, reowned)
+        deepest, complete = self._walk(visit, stop=lambda: entries > max_entries)
+        return Swept(entries, deepest, cleared, reowned, complete=complete)
 
 
 def _clear_set_id(parent: int, name: str) -> int:

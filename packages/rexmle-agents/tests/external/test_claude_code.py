@@ -12,122 +12,61 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 
-from rexmle_agents.external.envs import AgentEnvironment, EnvironmentBuildError, ensure_environment
-from rexmle_agents.external.spec import load_spec
+from rexmle_agents.external.envs import AgentEnvironment
 from rexmle_agents.harness.spec import Limits
 from rexmle_agents.models import ModelResponse, ToolCall, Usage
 from rexmle_agents.models.types import GenerateConfig, Message, ToolSpec
-from rexmle_agents.results.schemas import load_schema
 
+from . import cli_agents
 from .cli_driver import FINAL_TEXT, SCRIPT, CliDriver
 
 PACKAGE = "@anthropic-ai/claude-code@2.1.197"
 
 
-def _registry_unreachable() -> str | None:
-    """Why the npm registry cannot serve the package (a reason to skip), or None."""
-    npm = shutil.which("npm")
-    if npm is None:
-        return "npm is not installed"
-    try:
-        done = subprocess.run([npm, "view", PACKAGE, "version"], capture_output=True, text=True, timeout=60,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        return "the npm registry did not answer in 60 s"
-    return None if done.returncode == 0 else f"the npm registry did not serve {PACKAGE}: {done.stderr.strip()[-300:]}"
-
-
 @pytest.fixture(scope="module")
 def claude_env() -> AgentEnvironment:
     """Claude Code's environment: about 235 MB (the native binary), built once into the agent-environment cache."""
-    try:
-        return ensure_environment(load_spec("claude-code"), source="claude-code")
-    except EnvironmentBuildError:
-        reason = _registry_unreachable()
-        if reason is not None:
-            pytest.skip(f"Claude Code cannot be installed here: {reason}")
-        raise
-
-
-class RecordingDriver(CliDriver):
-    """The scripted model, also keeping the names of the tools each call offered."""
-
-    def __init__(self) -> None:
-        super().__init__(python=sys.executable)
-        self.offered: list[list[str]] = []
-
-    def __call__(self, messages: Sequence[Message], tools: Sequence[ToolSpec], config: GenerateConfig
-                 ) -> ModelResponse:
-        self.offered.append([t.name for t in tools])
-        return super().__call__(messages, tools, config)
-
-
-def events(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
-
-
-def transcript(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "logs" / "agent" / "attempt-1" / "transcript.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return cli_agents.agent_environment("claude-code", "Claude Code", registry="npm", packages=[PACKAGE])
 
 
 def test_claude_code_end_to_end(claude_env: AgentEnvironment, run_external: Any, monkeypatch: Any) -> None:
     secret = "sk-ant-rexmle-test-secret-0123456789abcdef"
     monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
-    driver = RecordingDriver()
+    driver = cli_agents.RecordingDriver()
     outcome = run_external("claude-code", driver, roles=("code",), limits=Limits(time_limit_s=600, max_steps=20))
-    assert outcome.state == "finished", outcome.reason
-    assert outcome.grade is not None and outcome.grade.status == "valid", outcome.grade
+    cli_agents.assert_graded(outcome)
     run_dir = outcome.run_dir
-    journal = events(run_dir)
+    journal = cli_agents.journal_events(run_dir)
 
     # the whole script ran through Claude Code's Bash tool, and the session ended on the final text
     assert driver.turns == len(SCRIPT) + 1, (driver.turns, driver.side_calls)
     assert all("Bash" in names for names in driver.offered if names)
     # the run's step limit is Claude Code's turn limit
-    argv = next(e for e in journal if e["kind"] == "exec_started")["argv"]
+    argv = cli_agents.exec_argv(journal)
     assert argv[argv.index("--max-turns") + 1] == "20"
     # the web tools are switched off: never offered to the model
     assert not any({"WebFetch", "WebSearch"} & set(names) for names in driver.offered)
 
-    # every model call went through the relay into the journal, with its usage
-    calls = [e for e in journal if e["kind"] == "model_call"]
-    assert len(calls) == driver.turns + driver.side_calls
-    assert all(c["usage"]["input_tokens"] == 400 and c["usage"]["output_tokens"] == 60 for c in calls)
-    schema = load_schema("journal-event")
-    checker = jsonschema.validators.validator_for(schema)(schema)
-    for event in journal:
-        assert not list(checker.iter_errors(event)), event["kind"]
+    cli_agents.assert_calls_journalled(journal, driver.turns + driver.side_calls)
 
     # the streamed JSON transcript is imported: it shows the commands' outputs as Claude Code saw them
-    lines = transcript(run_dir)
+    lines = cli_agents.transcript_lines(run_dir)
     init = next(line for line in lines if line.get("type") == "system" and line.get("subtype") == "init")
     assert init["model"] == "rexmle-code" and "WebFetch" not in init["tools"] and "WebSearch" not in init["tools"]
     result = lines[-1]
     assert result["type"] == "result" and result["result"] == FINAL_TEXT and not result["is_error"]
-    outputs = json.dumps([line for line in lines if line.get("type") == "user"])
-    assert re.search(r"trained: mean score [0-9.]+ over \d+ slices; wrote \d+ predictions", outputs)
-    # the code's network attempt was refused (no network in the sandbox, or the relay's proxy refusal)
-    assert "network refused" in outputs and "NETWORK REACHED" not in outputs
-    # ... through the relay's proxy variables, which Claude Code honours too: that probe is the only request for
-    # the internet, so telemetry, error reports and update checks made none
-    refused = [e for e in journal if e["kind"] == "log" and e.get("relay")]
-    assert [(e["relay"], e["target"]) for e in refused] == [("network_refused", "pypi.org:443")]
-
-    # no key inside: the agent was given the placeholder, and the real key is nowhere in the run folder
-    for path in run_dir.rglob("*"):
-        if path.is_file() and path.stat().st_size < 50_000_000:
-            assert secret.encode() not in path.read_bytes(), path
+    cli_agents.assert_the_script_ran(json.dumps([line for line in lines if line.get("type") == "user"]))
+    # the probe was refused through the relay's proxy variables, which Claude Code honours too: it is the only
+    # request for the internet, so telemetry, error reports and update checks made none
+    cli_agents.assert_only_the_probe_was_refused(journal)
+    cli_agents.assert_no_secret_in(run_dir, secret)
 
 
 @pytest.mark.slow
@@ -135,19 +74,14 @@ def test_claude_code_stops_at_a_spent_budget(claude_env: AgentEnvironment, run_e
     """The token budget runs out after the training script ran (three calls of 460 tokens against 1300): the next
     call is answered 402, which Claude Code does not retry (it retries 429 and 5xx); it ends its session, and the
     submission the script wrote is graded, the run naming the limit."""
-    driver = RecordingDriver()
+    driver = cli_agents.RecordingDriver()
     outcome = run_external("claude-code", driver, roles=("code",),
                            limits=Limits(time_limit_s=600, max_steps=20, max_tokens=1300))
-    assert (outcome.state, outcome.limit) == ("finished", "tokens"), outcome.reason
-    journal = events(outcome.run_dir)
-    assert sum(e["kind"] == "model_call" for e in journal) == 3 and driver.turns == 3
-    refused = [e for e in journal if e["kind"] == "log" and e.get("relay") == "budget_exhausted"]
-    assert len(refused) == 1 and refused[0]["status"] == 402
-    exec_finished = next(e for e in journal if e["kind"] == "exec_finished")
-    assert exec_finished["stopped_by"] is None  # it exited by itself, before the harness's grace period ended
-    lines = transcript(outcome.run_dir)
+    journal = cli_agents.assert_stopped_at_402(outcome, driver, limit="tokens")
+    # it exited by itself, before the harness's grace period ended
+    assert cli_agents.exec_finished(journal)["stopped_by"] is None
+    lines = cli_agents.transcript_lines(outcome.run_dir)
     assert lines[-1]["type"] == "result" and lines[-1]["is_error"] and "402" in lines[-1]["result"]
-    assert outcome.grade is not None and outcome.grade.status == "valid"
 
 
 @pytest.mark.slow
@@ -155,25 +89,7 @@ def test_a_recorded_claude_code_run_replays(claude_env: AgentEnvironment, data_r
     """Claude Code's calls are recorded through the relay like any model call; the same run asks the same
     questions again (its prompts hold the date and the sandbox's paths, the same in both runs) and replays from the
     cassette offline, graded the same."""
-    from rexmle_agents.harness.runner import build_spec, execute_run
-    from rexmle_agents.models import Model, RecordingBackend, ReplayBackend, RetryPolicy, ScriptedBackend
-
-    cassette = tmp_path / "cassette.jsonl"
-    spec = build_spec("ldct-iqa", agent="claude-code", models={"code": "scripted/model"}, seed=3,
-                      limits=Limits(time_limit_s=600, max_steps=20), sandbox="bwrap", data_root=data_root,
-                      group="test")
-    recorder = Model(RecordingBackend(ScriptedBackend(CliDriver(python=sys.executable)), cassette),
-                     retry=RetryPolicy(max_attempts=1))
-    first = execute_run(spec, tmp_path / "recorded", models={"code": recorder}, grace_s=5.0)
-    player = Model(ReplayBackend(cassette, "scripted/model"), retry=RetryPolicy(max_attempts=1))
-    second = execute_run(spec, tmp_path / "replayed", models={"code": player}, grace_s=5.0)
-    assert (first.state, second.state) == ("finished", "finished"), second.reason
-    assert first.grade is not None and second.grade is not None and first.grade.status == "valid"
-    assert first.grade.score == second.grade.score
-    recorded = len(cassette.read_text().splitlines())
-    replayed = events(second.run_dir)
-    assert sum(e["kind"] == "model_call" for e in replayed) == recorded == len(SCRIPT) + 1
-    assert not [e for e in replayed if e["kind"] == "log" and e.get("relay") == "upstream_error"]
+    cli_agents.replay_grades_the_same("claude-code", CliDriver(python=sys.executable), data_root, tmp_path)
 
 
 class ClaudeScript:
@@ -203,10 +119,10 @@ def test_claude_code_counts_a_large_file_through_the_relay(claude_env: AgentEnvi
     script = ClaudeScript(("Bash", {"command": make, "description": "Write a large file"}),
                           ("Read", {"file_path": "/workspace/big.txt"}))
     outcome = run_external("claude-code", script, roles=("code",), limits=Limits(time_limit_s=600, max_steps=10))
-    journal = events(outcome.run_dir)
-    assert sum(e["kind"] == "model_call" for e in journal) == script.seen == 3
-    assert not [e for e in journal if e["kind"] == "log" and e.get("relay")]  # nothing refused
-    read = json.dumps([line for line in transcript(outcome.run_dir) if line.get("type") == "user"])
+    journal = cli_agents.journal_events(outcome.run_dir)
+    assert cli_agents.model_calls(journal) == script.seen == 3
+    assert not cli_agents.relay_refusals(journal)  # nothing refused
+    read = json.dumps([line for line in cli_agents.transcript_lines(outcome.run_dir) if line.get("type") == "user"])
     counted = re.search(r"\((\d+) tokens, cap \d+\)", read)
     assert counted is not None, read[:2000]
     # 200,000 bytes of the file (plus line numbers and the message's keys) / 3; a model call would have said 100
@@ -218,7 +134,7 @@ def test_the_step_limit_is_claude_codes_turn_limit(claude_env: AgentEnvironment,
     driver = CliDriver(python=sys.executable)
     outcome = run_external("claude-code", driver, roles=("code",), limits=Limits(time_limit_s=600, max_steps=2))
     assert driver.turns == 2
-    result = transcript(outcome.run_dir)[-1]
+    result = cli_agents.transcript_lines(outcome.run_dir)[-1]
     assert result["type"] == "result" and result["subtype"] == "error_max_turns"
     assert outcome.state == "failed" and "without leaving a submission" in str(outcome.reason)
 
@@ -248,5 +164,5 @@ def test_claude_code_reading_an_image_goes_on(claude_env: AgentEnvironment, run_
     outcome = run_external("claude-code", answer, roles=("code",), limits=Limits(time_limit_s=600, max_steps=10))
     assert script.seen == 3
     assert any(text.startswith("[image omitted: the model relay of this run passes text only") for text in seen)
-    result = transcript(outcome.run_dir)[-1]
+    result = cli_agents.transcript_lines(outcome.run_dir)[-1]
     assert result["type"] == "result" and not result["is_error"] and result["result"] == "Done."

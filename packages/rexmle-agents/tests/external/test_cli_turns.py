@@ -88,6 +88,29 @@ def test_each_model_call_of_a_terminal_agent_is_a_step_with_its_commands_and_out
     assert tree.nodes[-1].plan.endswith("Done.") and not tree.nodes[-1].code
     assert sum(n.model_calls for n in tree.nodes) == len(calls)
 
+    # the failure analysis: a tool's output has no exit status; a step crashed only when its output shows an error
+    from rexmle_agents.analysis.failures import run_failures
+
+    outcomes = run_failures(run).outcomes
+    assert [o.outcome for o in outcomes[:3]] == ["ok", "ok", "ok"]  # ls, writing train.py, running it
+    assert outcomes[3].outcome == "crashed" and outcomes[3].error_type == "network"  # the refused download
+
+    # `rexmle runs show`, `rexmle view`, `rexmle report` and `rexmle analyse` read the run like any other
+    from rexmle_grade.cli import main
+
+    group = outcome.run_dir.parent
+    assert main(["runs", "show", str(outcome.run_dir)]) == 0
+    assert main(["view", str(outcome.run_dir), "-o", str(group / "page.html")]) == 0
+    page = (group / "page.html").read_text()
+    assert "trained: mean score" in page and "train.py" in page  # a command's output and the script it ran
+    assert main(["report", str(group), "--format", "json", "--out", str(group / "report.json")]) == 0
+    row = json.loads((group / "report.json").read_text())["runs"][0]
+    assert row["steps"] == len(turns) and row["grade_status"] == "valid" and row["model_calls"] == len(calls)
+    assert main(["analyse", str(group), "-o", str(group / "analysis")]) == 0
+    analysed = (group / "analysis").rglob("*")
+    assert any("train.py" in p.read_text(errors="replace") for p in analysed if p.is_file() and p.suffix in
+               (".json", ".csv", ".md", ".html"))  # the analysis read the commands the agent ran
+
 
 def test_the_turn_steps_option_is_validated(spec_file: Any) -> None:
     import pytest

@@ -57,7 +57,10 @@ class Seen:
                                                                                         output_tokens=5))
 
 
-def run_aide(data_root: Path, tmp_path: Path, models: dict[str, str]) -> tuple[Any, dict[str, Seen]]:
+def run_aide(data_root: Path, tmp_path: Path, models: dict[str, str], monkeypatch: pytest.MonkeyPatch
+             ) -> tuple[Any, dict[str, Seen]]:
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):  # the run checks they are set; the
+        monkeypatch.setenv(name, f"sk-rexmle-test-{name.lower()}-0123456789")  # models here are scripted
     seen = {role: Seen() for role in models}
     spec = build_spec(TASK, agent="aideml", agent_config={"steps": 1, "num_drafts": 1, "debug_prob": 0.0},
                       models=models, seed=0, limits=Limits(time_limit_s=300), sandbox="bwrap", data_root=data_root,
@@ -69,10 +72,12 @@ def run_aide(data_root: Path, tmp_path: Path, models: dict[str, str]) -> tuple[A
 
 
 def test_aide_sends_o_series_to_openai_and_gemini_its_own_way(aideml_env: AgentEnvironment, data_root: Path,
-                                                               tmp_path: Path) -> None:
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
     """o3 as the code model (AIDE's own default family: it failed at the first call through a neutral name), a
     Gemini model as the feedback model."""
-    outcome, seen = run_aide(data_root, tmp_path, {"code": "openai/o3", "feedback": "google/gemini-3-pro-preview"})
+    outcome, seen = run_aide(data_root, tmp_path, {"code": "openai/o3", "feedback": "google/gemini-3-pro-preview"},
+                             monkeypatch)
     assert outcome.state == "finished", outcome.reason
     assert outcome.grade is not None and outcome.grade.status == "valid"
     code, feedback = seen["code"].calls, seen["feedback"].calls
@@ -85,14 +90,41 @@ def test_aide_sends_o_series_to_openai_and_gemini_its_own_way(aideml_env: AgentE
 
 
 def test_aide_asks_claude_for_its_own_limits_and_gpt_through_responses(aideml_env: AgentEnvironment,
-                                                                      data_root: Path, tmp_path: Path) -> None:
-    outcome, seen = run_aide(data_root, tmp_path, {"code": "anthropic/claude-sonnet-4-5", "feedback": "openai/gpt-5"})
+                                                                      data_root: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    outcome, seen = run_aide(data_root, tmp_path, {"code": "anthropic/claude-sonnet-4-5", "feedback": "openai/gpt-5"},
+                             monkeypatch)
     assert outcome.state == "finished", outcome.reason
     code, feedback = seen["code"].calls, seen["feedback"].calls
     assert len(code) == 1 and len(feedback) == 1
     assert code[0]["max_tokens"] == 4096  # AIDE's Anthropic backend's own default
     assert code[0]["roles"] == ["user"] and code[0]["temperature"] == 0.5
     assert feedback[0]["temperature"] == 0.5 and feedback[0]["review"]  # a GPT model keeps its temperature
+
+
+def test_a_recorded_o_series_run_replays_under_the_same_names(aideml_env: AgentEnvironment, data_root: Path,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--model replay:CASSETTE` counts as the model it recorded: AIDE is given the same names, takes the same path
+    (responses API, no temperature) and asks the same questions, so the replay finds every answer."""
+    from rexmle_agents.models import RecordingBackend
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-rexmle-test-openai-0123456789")
+    cassette = tmp_path / "cassette.jsonl"
+    config = {"steps": 1, "num_drafts": 1, "debug_prob": 0.0}
+    recorded = build_spec(TASK, agent="aideml", agent_config=config,
+                          models={"code": "openai/o3", "feedback": "openai/o3"}, seed=1,
+                          limits=Limits(time_limit_s=300), sandbox="bwrap", data_root=data_root, group="test")
+    recorder = Model(RecordingBackend(ScriptedBackend(Seen(), name="openai/o3"), cassette),
+                     retry=RetryPolicy(max_attempts=1))
+    first = execute_run(recorded, tmp_path / "recorded", models={"code": recorder, "feedback": recorder}, grace_s=5.0)
+    replay = f"replay:{cassette}"
+    replayed = build_spec(TASK, agent="aideml", agent_config=config, models={"code": replay, "feedback": replay},
+                          seed=1, limits=Limits(time_limit_s=300), sandbox="bwrap", data_root=data_root, group="test")
+    second = execute_run(replayed, tmp_path / "replayed", grace_s=5.0)
+    assert (first.state, second.state) == ("finished", "finished"), second.reason
+    journal = [json.loads(line) for line in (second.run_dir / "journal.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "model_call" for e in journal) == 2
+    assert first.grade is not None and second.grade is not None and first.grade.score == second.grade.score
 
 
 def test_native_names_per_model_family() -> None:
@@ -185,3 +217,36 @@ def test_the_relay_answers_a_providers_host_through_the_proxy_and_nothing_else(t
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
+
+
+@pytest.mark.slow
+def test_rdagent_takes_its_schema_path_with_a_paper_model(data_root: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """rdagent with GPT-5 (given as openai/gpt-5): its JSON calls carry their response_format, its proposal calls
+    the pydantic schema (json_schema), both reaching the model; under the neutral name LiteLLM knows nothing and
+    rdagent dropped them all."""
+    from rexmle_agents.external.envs import ensure_environment
+
+    ensure_environment(load_spec("rdagent"), source="rdagent")  # ~8 min once, then cached
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-rexmle-test-openai-0123456789")
+    formats: list[Any] = []
+    scenario = {"Task Type": "Regression", "Data Type": "Image", "Brief Description": "CT quality scores",
+                "Dataset Description": "tif slices", "Submission Specifications": "image_id,quality_score",
+                "Submission channel number to each sample": 1, "Metric Evaluation": "correlations",
+                "Metric Name": "score", "Metric Direction": True, "Longer time limit required": False}
+
+    def answer(messages: Any, tools: Any, config: Any) -> ModelResponse:
+        formats.append(config.extra.get("response_format"))
+        text = json.dumps(scenario) if len(formats) == 1 else "not the JSON rdagent wants"
+        return ModelResponse(text=text, usage=Usage(input_tokens=10, output_tokens=10))
+
+    spec = build_spec(TASK, agent="rdagent", models={"code": "openai/gpt-5"}, seed=0,
+                      agent_config={"chat_temperature": 1.0},  # LiteLLM refuses another for GPT-5
+                      limits=Limits(time_limit_s=600), sandbox="bwrap", data_root=data_root, group="test")
+    outcome = execute_run(spec, tmp_path / "runs", grace_s=5.0,
+                          models={"code": Model(ScriptedBackend(answer, name="openai/gpt-5"),
+                                                retry=RetryPolicy(max_attempts=1))})
+    assert formats, outcome.reason
+    assert formats[0] == {"type": "json_object"}, formats
+    schemas = [f for f in formats[1:] if isinstance(f, dict) and f.get("type") == "json_schema"]
+    assert schemas, formats

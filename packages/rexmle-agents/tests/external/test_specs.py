@@ -33,7 +33,8 @@ def test_builtin_specs_load_and_register_as_agents() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"command": []}, "field command: Tuple should have at least 1 item"),
-    ({"aliases": {"gpt-4o": "code"}}, "field aliases: Value error, alias 'gpt-4o' looks like a provider's"),
+    ({"aliases": {"gpt-4o": "code"}, "provider_hosts": False},
+     "field aliases: Value error, alias 'gpt-4o' looks like a provider's"),
     ({"aliases": {"rexmle-x": "critic"}}, "aliases map to role(s) ['critic']"),
     ({"outputs": {"submission": "out", "snapshot": "per_node"}}, "per_node needs a tree"),
     ({"command": ["aide", "data_dir={nowhere}"]}, "field command[1]: unknown placeholder {nowhere}"),

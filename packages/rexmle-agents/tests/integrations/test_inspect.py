@@ -182,6 +182,9 @@ def test_import_inspect_writes_run_folders_that_report_and_view_read(sample_eval
     assert [r["task_id"] for r in report["runs"]] == [TASK] and report["runs"][0]["agent"] == "inspect"
     assert main(["view", str(run_dir)]) == 0
     assert "step 1: running a command" in (run_dir / "view.html").read_text()
+    analysis = tmp_path / "analysis"
+    assert main(["--data-dir", str(data_root), "analyse", "runs", str(runs), "-o", str(analysis)]) == 0
+    assert (analysis / "manifest.json").is_file() and len(list((analysis / "runs").glob("*.json"))) == 1
 
     # a second import keeps what was imported
     assert main(["--data-dir", str(data_root), "import", "inspect", log.location, "--runs-dir", str(runs)]) == 0
@@ -306,3 +309,17 @@ def test_past_its_disk_limit_the_sandbox_runs_nothing_more_and_the_submission_is
     (record,) = list(load_runs([run.run_dir], strict=True))
     assert record.status.state == "finished" and record.status.limit == "disk"
     assert record.status.reason.startswith("workspace disk limit exceeded")
+
+
+def test_a_sample_asking_for_more_gpus_than_are_free_is_refused(data_root: Path, tmp_path: Path) -> None:
+    from rexmle_agents.harness.hardware import gpu_ids
+    from rexmle_agents.integrations.inspect.sandbox import RexmleSandboxConfig, RexmleSandboxEnvironment
+    from rexmle_agents.integrations.inspect.spec import SampleOptions, sample_spec
+    from rexmle_grade.errors import SandboxError
+
+    wanted = len(gpu_ids()) + 1
+    spec = sample_spec(TASK, SampleOptions(data_root=str(data_root), gpus=wanted))
+    config = RexmleSandboxConfig(spec=spec.model_dump_json(), work_dir=str(tmp_path / "work"))
+    with pytest.raises(SandboxError, match=f"needs {wanted} GPU"):
+        anyio.run(RexmleSandboxEnvironment.sample_init, "t", config, {})
+    assert not any((tmp_path / "work").iterdir())  # nothing is left of the refused sample

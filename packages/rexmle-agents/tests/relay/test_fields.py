@@ -203,3 +203,18 @@ def test_an_anthropic_output_format_arrives(setup: Setup) -> None:
         assert sent["output_format"] == {"type": "json_schema", "schema": SCHEMA}
     else:
         assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": SCHEMA}}
+
+
+def test_gemini_generation_fields_arrive_and_extra_candidates_are_refused(chat_setup: Setup) -> None:
+    setup = chat_setup
+    _reply(setup)
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+            "generationConfig": {"topP": 0.7, "seed": 11, "candidateCount": 1}}
+    with setup.http() as client:
+        answered = client.post(f"http://relay/v1beta/models/{ALIAS}:generateContent", json=body)
+        assert answered.status_code == 200, answered.text
+        assert (setup.sent()["top_p"], setup.sent()["seed"]) == (0.7, 11)
+        body["generationConfig"]["candidateCount"] = 2
+        refused = client.post(f"http://relay/v1beta/models/{ALIAS}:generateContent", json=body)
+    assert refused.status_code == 400 and "candidateCount" in refused.text
+    assert len(setup.upstream.requests) == 1

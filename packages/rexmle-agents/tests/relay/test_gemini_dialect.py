@@ -391,7 +391,7 @@ def test_a_streamed_call_starts_at_once_and_keeps_alive_while_the_model_works(tm
             received += chunk
         client.close()
         assert first.startswith(b"HTTP/1.1 200") and headers_after < 1.2  # before the model's 1.5 s were over
-        head, _, stream = received.partition(b"\r\n\r\n")
+        _, _, stream = received.partition(b"\r\n\r\n")
         assert stream.startswith(b"\n\n")  # keep-alives came while the model worked
         events = sdk_events(stream)
         assert events[-1]["candidates"][0]["finishReason"] == "STOP"

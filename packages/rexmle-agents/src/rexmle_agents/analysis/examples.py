@@ -40,6 +40,8 @@ from rexmle_agents.models.types import Message, ModelResponse, ToolCall, ToolSpe
 from rexmle_grade.errors import UserInputError
 
 EXAMPLE_GROUP = "examples"
+# pins the synthetic mirrors of the example runs (public: these runs are examples, never results)
+EXAMPLE_SECRET = "rexmle-example-runs"
 BUNDLE_FILE = "example_runs.json"
 LABELS_FILE = "example_labels.csv"
 EXAMPLE_JUDGE = "scripted/example-judge"
@@ -508,7 +510,9 @@ def make_example_runs(runs_dir: Path, data_root: Path, *, sandbox: str = "bwrap"
 
     for task_id in sorted({e.task for e in chosen}):
         task = get_task(task_id)
-        prepare_task(task, task_dirs(task, data_root), synthetic=True, cases=10, seed=0, force=False)
+        # the shipped runs are references: their data (and so their run ids and verdicts) must come back the same
+        prepare_task(task, task_dirs(task, data_root), synthetic=True, cases=10, seed=0, force=False,
+                     secret=EXAMPLE_SECRET)
     made = []
     for example in chosen:
         limits = Limits(time_limit_s=300, exec_timeout_s=example.exec_timeout_s)
@@ -525,7 +529,8 @@ def make_example_runs(runs_dir: Path, data_root: Path, *, sandbox: str = "bwrap"
 
 
 def pack(run_dirs: Sequence[Path]) -> dict[str, Any]:
-    """The shipped form of run folders: their records, each journal keeping only the last agent state per key."""
+    """The shipped form of run folders: their records, each journal keeping per key only the last full agent state
+    and the deltas saved after it (what :meth:`Tree.from_states` folds)."""
     runs = []
     for run_dir in run_dirs:
         files = {}
@@ -540,11 +545,16 @@ def pack(run_dirs: Sequence[Path]) -> dict[str, Any]:
 
 def _compact_journal(text: str) -> str:
     lines = text.splitlines()
-    last: dict[str, int] = {}
+    saved: dict[str, list[tuple[int, bool]]] = {}  # key -> (line number, is a delta) of each state saved
     for number, line in enumerate(lines):
         if line.startswith(('{"kind": "agent_state"', '{"kind":"agent_state"')):
-            last[json.loads(line)["key"]] = number
-    keep = set(last.values())
+            event = json.loads(line)
+            state = event.get("state")
+            saved.setdefault(event["key"], []).append((number, isinstance(state, dict) and bool(state.get("delta"))))
+    keep: set[int] = set()
+    for states in saved.values():
+        full = max((i for i, (_, delta) in enumerate(states) if not delta), default=0)
+        keep.update(number for number, _ in states[full:])
     return "".join(line + "\n" for number, line in enumerate(lines)
                    if number in keep or not line.startswith(('{"kind": "agent_state"', '{"kind":"agent_state"')))
 

@@ -3,6 +3,7 @@ the time went, and whether the final submission was valid.
 
 A step *crashed* when its final execution (the one that ran its final code) exited non-zero or was stopped by the
 sandbox; its error type comes from ``stopped_by`` and the last exception in its output (:func:`classify_output`).
+A terminal agent's tool output carries no exit status: such a step crashed only when its output shows an error.
 An earlier execution that failed (an R&D-loop round's run on a data sample, before the script was revised) does
 not make a step crashed: it is named in the outcome's detail. A step that ran cleanly but
 whose submission the validator refused is an *invalid submission*, with the validator's first problem as its
@@ -100,6 +101,13 @@ def _outcome(node: NodeView, reasons: dict[int, str]) -> StepOutcome:
     if not node.executions:
         return StepOutcome(outcome="no_code", detail="nothing was run", **common)
     final = node.executions[-1]
+    if final.exit_code is None and final.stopped_by is None:
+        # a tool's output as a terminal agent got it back (through the relay, or from an Inspect log): no exit
+        # status is known, so the step crashed only when the output shows an error
+        kind, detail = classify_output(final.output_tail, None, None)
+        if kind != "nonzero_exit":
+            return StepOutcome(outcome="crashed", error_type=kind, detail=detail, exit_code=None, **common)
+        return StepOutcome(outcome="ok", exit_code=None, detail="exit status unknown (a tool's output)", **common)
     if final.exit_code != 0 or final.stopped_by:
         kind, detail = classify_output(final.output_tail, final.stopped_by, final.exit_code)
         if kind == "ok":  # a clean exit classified as ok cannot be here; keep the exit status

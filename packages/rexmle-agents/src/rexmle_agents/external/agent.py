@@ -32,7 +32,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from rexmle_agents.external.envs import AgentEnvironment, ensure_environment
-from rexmle_agents.external.spec import ExternalAgentSpec, ExternalSpecError, fill, load_spec, parse_spec
+from rexmle_agents.external.spec import (
+    ExternalAgentSpec,
+    ExternalSpecError,
+    fill,
+    load_spec,
+    looks_like_provider_model,
+    parse_spec,
+)
 from rexmle_agents.external.trees import (
     DEFAULT_MAX_NODES,
     DEFAULT_MAX_TREE_BYTES,
@@ -172,14 +179,17 @@ class ExternalAgent(BaseAgent):
                               max_nodes=int(self.config.get("tree_max_nodes", MAX_TREE_NODES)),
                               max_bytes=int(self.config.get("tree_max_bytes", MAX_TREE_BYTES)))
             stopper = _Stopper(sandbox, self.stop_grace_s, ctx)
-            tls = ProviderTLS(relay_dir) if spec.provider_hosts else None
-            relay = RelayServer(relay_dir, self._routes(ctx), before_call=tracker.before_call, record=ctx.log,
+            routes = self._routes(ctx)
+            # the providers' hosts are answered only for names the agent sends there (neutral names never go)
+            tls = ProviderTLS(relay_dir) if spec.provider_hosts and any(map(looks_like_provider_model, routes)) \
+                else None
+            relay = RelayServer(relay_dir, routes, before_call=tracker.before_call, record=ctx.log,
                                 after_call=tracker.after_call if spec.steps == "turn" else None,
                                 warn=lambda message: ctx.journal.append("warning", message=message),
                                 on_budget_exhausted=stopper.stop_later,
                                 embedder=HashingEmbedder() if spec.embeddings == "local-hashing" else None,
                                 socket_owner=sandbox.owner, tls=tls)
-            argv = self._argv(env, values, inside)
+            argv = self._argv(env, values, inside, provider_ca=tls is not None)
             try:
                 with relay:  # the whole agent is one command: only the run's time limits it
                     result = ctx.execute(argv, sandbox=sandbox, until_deadline=True,
@@ -266,7 +276,8 @@ class ExternalAgent(BaseAgent):
             binds.append(ExtraBind(self.checkout, str(self.checkout)))
         return ctx.sandbox_with(binds=binds, workdir=str(PurePosixPath(self.spec.workdir)))
 
-    def _argv(self, env: AgentEnvironment, values: dict[str, Any], inside: str) -> list[str]:
+    def _argv(self, env: AgentEnvironment, values: dict[str, Any], inside: str, *, provider_ca: bool = False
+              ) -> list[str]:
         spec = self.spec
         relay_url = values["relay_url"]
         variables = {
@@ -278,7 +289,7 @@ class ExternalAgent(BaseAgent):
                                             "all_proxy")},
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
         }
-        if spec.provider_hosts:  # the relay's certificate authority for the providers' hosts (relay/tls.py)
+        if provider_ca:  # the relay's certificate authority for the providers' hosts (relay/tls.py)
             variables["SSL_CERT_FILE"] = f"{inside}/{PROVIDER_CA_FILE}"
         if spec.seed_python_random:
             variables.update(PYTHONPATH=f"{inside}/site", REXMLE_SEED=str(values["seed"]),
@@ -343,8 +354,15 @@ def cli_prompt(values: Mapping[str, Any], hardware: Mapping[str, Any]) -> str:
 
 
 def _model_string(ctx: RunContext, role: str) -> str:
+    """The role's model as a provider/name string; a replayed recording counts as the model it recorded, so the agent
+    is given the name (and takes the path) it had when it was recorded."""
+    from rexmle_agents.harness.runner import REPLAY_PREFIX
+
     models = ctx.spec.models
-    return models.get(role) or models.get("default") or next(iter(models.values()), "")
+    model_string = models.get(role) or models.get("default") or next(iter(models.values()), "")
+    if model_string.startswith(REPLAY_PREFIX):
+        model_string = str(getattr(ctx.model(role), "name", "") or model_string)
+    return model_string
 
 
 def _entry_program(command: list[str]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rexmle_grade.errors import UnknownNameError, UserInputError
 
@@ -147,15 +147,15 @@ class ExternalAgentSpec(_Strict):
     description: str
     homepage: str = ""
     roles: tuple[str, ...] = Field(min_length=1)
+    # Answer the providers' own host names (relay/tls.py: api.openai.com, generativelanguage.googleapis.com,
+    # api.anthropic.com) for agents that send a model there whatever base URL is set (AIDE's gpt-*, o*, gemini-*)
+    provider_hosts: bool = False
     aliases: dict[str, str] = Field(min_length=1)  # alias model name the agent is given -> the run's model role
     # The name a role's model is given when it is an OpenAI, Anthropic or Google model: a template of "{model}" (its
     # name without the provider, e.g. gpt-5) and "{role}", so that the agent takes its own path for that model
     # (AIDE picks the API, the temperature, the prompt layout and max_tokens by name prefix; LiteLLM, which rdagent
     # uses, looks up structured-output support by name). None: the neutral alias above, whatever the model.
     native_alias: str | None = None
-    # Answer the providers' own host names (relay/tls.py: api.openai.com, generativelanguage.googleapis.com,
-    # api.anthropic.com) for agents that send a model there whatever base URL is set (AIDE's gpt-*, o*, gemini-*)
-    provider_hosts: bool = False
     settings: dict[str, Any] = Field(default_factory=dict)  # --agent-config keys and defaults (placeholders too)
     environment: EnvironmentSpec
     source: SourceSpec | None = None
@@ -176,16 +176,17 @@ class ExternalAgentSpec(_Strict):
     steps: Literal["attempt", "turn"] = "attempt"
     outputs: OutputsSpec
 
-    @model_validator(mode="after")
-    def _alias_names(self) -> ExternalAgentSpec:
-        if self.provider_hosts:  # the relay answers the providers' hosts: a provider's model name reaches it
-            return self
-        for alias in self.aliases:
+    @field_validator("aliases")
+    @classmethod
+    def _alias_names(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if info.data.get("provider_hosts"):  # the relay answers the providers' hosts: such a name reaches it
+            return value
+        for alias in value:
             if looks_like_provider_model(alias):
                 raise ValueError(f"alias {alias!r} looks like a provider's model name; agents such as AIDE send "
                                  "those to the provider's own URL: choose a neutral name (e.g. rexmle-code), or "
                                  "set provider_hosts: true so that the relay answers those hosts")
-        return self
+        return value
 
     @field_validator("native_alias")
     @classmethod

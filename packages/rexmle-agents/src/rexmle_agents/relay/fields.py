@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rexmle_agents.relay.gemini import GEMINI
 from rexmle_agents.relay.protocol import ANTHROPIC, CHAT, RESPONSES, ProtocolError, brief
 
 CHAT_WIRE, RESPONSES_WIRE, MESSAGES_WIRE = "chat", "responses", "messages"
@@ -35,7 +36,11 @@ _REFUSED: dict[str, dict[str, Any]] = {
            "function_call": None},
     RESPONSES: {"top_logprobs": 0, "background": None, "conversation": None, "prompt": None},
     ANTHROPIC: {"container": None, "mcp_servers": None},
+    GEMINI: {"candidateCount": 1, "responseLogprobs": None, "logprobs": None},  # of generationConfig
 }
+# Gemini's generationConfig names (its response schema is translated by relay/gemini.py)
+_GEMINI_NAMES = {"topP": "top_p", "topK": "top_k", "seed": "seed", "presencePenalty": "presence_penalty",
+                 "frequencyPenalty": "frequency_penalty"}
 # modalities other than text ask for audio or images, which the relay does not carry
 _TEXT_ONLY = {CHAT: "modalities", RESPONSES: None, ANTHROPIC: None}
 
@@ -74,6 +79,9 @@ def _asks_default(value: Any, default: Any) -> bool:
 
 
 def _refuse_unsupported(api: str, body: Mapping[str, Any]) -> None:
+    if api == GEMINI:
+        generation = body.get("generationConfig")
+        body = generation if isinstance(generation, dict) else {}
     for name, default in _REFUSED.get(api, {}).items():
         if name in body and not _asks_default(body[name], default):
             raise ProtocolError(f"the request field {name}={brief(body[name])} is not supported by the rexmle "
@@ -116,6 +124,11 @@ def _meanings(api: str, body: Mapping[str, Any]) -> dict[str, Any]:
                                         "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
         elif fmt is not None:
             raise ProtocolError(f"output_format {brief(fmt)} is not supported: a json_schema format is")
+    elif api == GEMINI:
+        generation = body.get("generationConfig")
+        for name, meaning in _GEMINI_NAMES.items():
+            if isinstance(generation, dict) and generation.get(name) is not None:
+                found[meaning] = generation[name]
     return found
 
 
@@ -167,6 +180,8 @@ def request_fields(api: str, body: Mapping[str, Any], wire: str | None) -> Field
     if wire is None:  # no request format to translate to: the agent's own field names
         own = {RESPONSES: {"reasoning_effort": "reasoning", "verbosity": "text", "response_format": "text"},
                ANTHROPIC: {"response_format": "output_format"}}.get(api, {})
+        if api == GEMINI:
+            return Fields(meanings, {})
         return Fields({own.get(k, k): body[own.get(k, k)] for k in meanings}, {})
     names = _WIRE_NAMES[wire]
     extra: dict[str, Any] = {}

@@ -135,6 +135,14 @@ class RexmleSandboxEnvironment(SandboxEnvironment):
         return RexmleSandboxConfig(**config)
 
     @classmethod
+    def default_concurrency(cls) -> int | None:
+        """Samples at once unless ``--max-sandboxes`` says otherwise: one per GPU of this machine (at least one),
+        as ``rexmle run`` runs one run per GPU; each sample's default memory and disk limits are for a run alone."""
+        from rexmle_agents.harness.hardware import gpu_ids
+
+        return max(1, len(gpu_ids()))
+
+    @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         from rexmle_agents.sandbox import default_sandbox_kind
 
@@ -170,6 +178,7 @@ class RexmleSandboxEnvironment(SandboxEnvironment):
     async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, user: str | None = None, timeout: int | None = None,
                    timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
+        # timeout_retry is not honoured: a command that ran out of time (a training run) is not started again
         if user is not None:
             raise SandboxUserUnsupportedError(f"the rexmle sandbox runs commands as the sample's own identity, "
                                               f"not as {user!r}")
@@ -306,24 +315,39 @@ def _take(path: Path | None) -> str:
 
 
 def _make_environment(config: RexmleSandboxConfig) -> RexmleSandboxEnvironment:
+    """The sample's run folder and sandbox; whatever was made is undone when a step fails."""
+    spec = RunSpec.model_validate_json(config.spec)
+    root = Path(config.work_dir) if config.work_dir else Path(tempfile.gettempdir()) / DEFAULT_WORK_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    gpus = GPU_POOL.take(spec.resources.gpus)
+    paths = RunPaths(root / f"{spec.task_id}.{uuid.uuid4().hex[:12]}")
+    sandbox = None
+    try:
+        for folder in (paths.run_dir, paths.logs, paths.workspace):
+            folder.mkdir()
+        sandbox, public_dir, limits = _make_sandbox(spec, paths, gpus)
+        return RexmleSandboxEnvironment(spec, paths, sandbox, gpus, public_dir, config.keep, limits)
+    except BaseException:
+        if sandbox is not None:
+            sandbox.close()
+        GPU_POOL.give_back(gpus)
+        if paths.run_dir.exists():
+            Workspace(root).remove(paths.run_dir.name)
+        raise
+
+
+def _make_sandbox(spec: RunSpec, paths: RunPaths, gpus: tuple[str, ...]) -> tuple[Any, Path, EffectiveLimits]:
+    """The run's sandbox (the harness's own :func:`make_run_sandbox`), its instructions and login profile."""
     from rexmle_agents.harness.limits import GIB, resolve_limits
     from rexmle_agents.harness.runner import make_run_sandbox, selection_split
     from rexmle_agents.integrations.inspect.spec import hardware_of, instructions_text, task_info
 
-    spec = RunSpec.model_validate_json(config.spec)
-    root = Path(config.work_dir) if config.work_dir else Path(tempfile.gettempdir()) / DEFAULT_WORK_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    paths = RunPaths(root / f"{spec.task_id}.{uuid.uuid4().hex[:12]}")
-    paths.run_dir.mkdir()
-    paths.logs.mkdir()
-    paths.workspace.mkdir()
     info = task_info(spec)
     if spec.selection_cases:  # the agent sees the selection split's view; its secret stays in the run folder
         info = task_info(spec, selection_split(spec, paths).agent_public)
-    gpus = GPU_POOL.take(spec.resources.gpus)
+    limits = resolve_limits(spec, workspace=paths.workspace)
+    sandbox = make_run_sandbox(spec, paths, info.public_dir, info.grader_id, gpus, limits=limits)
     try:
-        limits = resolve_limits(spec, workspace=paths.workspace)
-        sandbox = make_run_sandbox(spec, paths, info.public_dir, info.grader_id, gpus, limits=limits)
         hardware = hardware_of(spec, gpus)
         hardware["memory_gb"] = round((limits.memory_bytes or 0) / GIB, 1) or hardware["memory_gb"]
         fs = Workspace(paths.workspace, owner=sandbox.owner)
@@ -334,6 +358,6 @@ def _make_environment(config: RexmleSandboxConfig) -> RexmleSandboxEnvironment:
         if search_path:
             fs.write_text(f"{HOME_DIRNAME}/.bash_profile", f"PATH={shlex.quote(search_path)}\nexport PATH\n")
     except BaseException:
-        GPU_POOL.give_back(gpus)
+        sandbox.close()
         raise
-    return RexmleSandboxEnvironment(spec, paths, sandbox, gpus, info.public_dir, config.keep, limits)
+    return sandbox, info.public_dir, limits
