@@ -225,3 +225,44 @@ def test_a_tree_with_a_virtual_root_imports_its_children_as_drafts() -> None:
     assert (second.stage, second.bug_reason, second.execution.exit_code) == ("improve", "the script raised "
                                                                                "ValueError", 1)
     assert (third.stage, third.debug_depth) == ("debug", 1)
+
+
+# an agent that keeps its answer to itself until it ends (as R&D-Agent does): it writes a draft, then works on
+# past any deadline; only its `after` step, run by the forwarder once the agent has exited, exports the answer
+NEVER_ENDS = r'''
+import csv, os, time
+data, out = "/workspace/data", "/workspace/agent/draft"
+os.makedirs(out, exist_ok=True)
+with open(f"{data}/sample_submission/submission.csv") as handle:
+    rows = list(csv.reader(handle))
+with open(f"{out}/submission.csv", "w", newline="") as handle:
+    csv.writer(handle).writerows(rows)
+print("draft written; working on", flush=True)
+while True:
+    time.sleep(1)
+'''
+EXPORT = "import shutil; shutil.copytree('/workspace/agent/draft', '/workspace/agent/final'); print('exported')"
+
+
+@pytest.mark.parametrize("margin", [8.0, 0.0])
+def test_an_agent_asked_to_stop_before_the_deadline_exports_its_answer_in_time(
+        aideml_env: Any, run_external: Any, spec_file: Any, margin: float) -> None:
+    """Issue 34 item 1: with `stop_margin_s` the agent gets SIGTERM that long before the run's deadline, the
+    forwarder passes it on, the agent ends, its `after` export runs, and the run is graded from the exported
+    answer; without a margin the sandbox is ended at the deadline before the export (graded missing)."""
+    from rexmle_agents.harness.spec import Limits
+
+    escaped = NEVER_ENDS.replace("{", "{{").replace("}", "}}")  # spec strings are templates
+    path = spec_file(command=["{python}", "-c", escaped], after=[["{python}", "-c", EXPORT]],
+                     stop_margin_s=margin, outputs={"submission": "agent/final", "snapshot": "at_end"})
+    outcome = run_external("external", lambda *a: "unused", config={"spec": str(path)}, roles=("code",),
+                           limits=Limits(time_limit_s=25, exec_timeout_s=25))
+    journal = [json.loads(line) for line in (outcome.run_dir / "journal.jsonl").read_text().splitlines()]
+    asked = [e for e in journal if e["kind"] == "log" and "asked the agent to stop" in e["message"]]
+    stdout = next((outcome.run_dir / "logs" / "exec").glob("*-agent-attempt1.stdout")).read_text()
+    if margin:
+        assert asked and asked[0]["signalled"] == 1
+        assert "exported" in stdout and outcome.grade is not None and outcome.grade.status == "valid", stdout
+    else:
+        assert not asked and "exported" not in stdout
+        assert outcome.grade is None or outcome.grade.status in ("invalid", "missing")

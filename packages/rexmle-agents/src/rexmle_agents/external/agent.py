@@ -190,14 +190,17 @@ class ExternalAgent(BaseAgent):
                                 embedder=HashingEmbedder() if spec.embeddings == "local-hashing" else None,
                                 socket_owner=sandbox.owner, tls=tls)
             argv = self._argv(env, values, inside, provider_ca=tls is not None)
+            asker = _StopBeforeDeadline(sandbox, ctx, spec.stop_margin_s)
             try:
                 with relay:  # the whole agent is one command: only the run's time limits it
+                    asker.start()
                     result = ctx.execute(argv, sandbox=sandbox, until_deadline=True,
                                          label=f"agent-attempt{attempt}")
             except BaseException:
                 tracker.stop_importer()
                 raise
             stopper.cancel()
+            asker.cancel()
         finally:
             shutil.rmtree(relay_dir, ignore_errors=True)
         tracker.finish(stopped=relay.exhausted is not None or ctx.cancelled.is_set())
@@ -398,6 +401,34 @@ def _refuse_secrets(argv: list[str]) -> None:
 
 def _relative(path: Path | None, ctx: RunContext) -> str:
     return "logs/exec/" if path is None else str(path.relative_to(ctx.paths.run_dir))
+
+
+class _StopBeforeDeadline:
+    """Asks the agent to stop ``margin_s`` before the run's deadline (SIGTERM to the in-sandbox forwarder, which
+    passes it on and then runs the spec's `after` steps): an agent whose answer is exported only when it ends
+    (R&D-Agent) still leaves it before the sandbox is ended at the deadline."""
+
+    def __init__(self, sandbox: Any, ctx: RunContext, margin_s: float) -> None:
+        self.sandbox = sandbox
+        self.ctx = ctx
+        self.margin_s = margin_s
+        self._timer: threading.Timer | None = None
+
+    def start(self) -> None:
+        if self.margin_s <= 0:
+            return
+        self._timer = threading.Timer(max(0.0, self.ctx.remaining().time_s - self.margin_s), self._ask)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _ask(self) -> None:
+        asked = self.sandbox.interrupt_all()
+        self.ctx.log(f"asked the agent to stop {self.margin_s:g} s before the run's deadline, so that its own "
+                     "export runs in time", signalled=asked, margin_s=self.margin_s)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class _Stopper:

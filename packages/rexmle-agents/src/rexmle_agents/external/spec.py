@@ -174,6 +174,10 @@ class ExternalAgentSpec(_Strict):
     # what one harness step is when the agent has no node tree: its whole attempt, or each model call (a terminal
     # coding agent's turn: the model's answer, the tool calls it made and, from the next call, their outputs)
     steps: Literal["attempt", "turn"] = "attempt"
+    # seconds before the run's deadline at which the agent is asked to stop (SIGTERM, passed on by the relay's
+    # forwarder), so that its `after` steps (the export of its own answer) finish before the sandbox is ended;
+    # 0: the agent runs until the deadline and is killed there
+    stop_margin_s: float = Field(default=0.0, ge=0.0)
     outputs: OutputsSpec
 
     @field_validator("aliases")

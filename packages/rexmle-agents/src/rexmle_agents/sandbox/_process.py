@@ -42,6 +42,7 @@ _DRAIN_S = 2.0  # after the command is over, how long its pipes are read before 
 PROCESS_STORM_S = 2.0
 STORM_GAP_S = 0.5  # fork failures further apart than this are not one storm
 
+RUNTIME_PROCESSES = (b"bwrap", b"setpriv")  # a sandbox runtime's own processes above the command it runs
 KILL_TIMEOUT = "timeout"
 KILL_CANCEL = "cancel"
 KILL_PROCESSES = "processes"
@@ -136,6 +137,29 @@ class Running:
             kill_tree(self.proc.pid, self.cgroup, descendants=True)
             if self.on_kill is not None:
                 self.on_kill()
+
+    def interrupt(self, signum: int) -> bool:
+        """Send ``signum`` to the command itself (the first process of its tree that is not the runtime's own,
+        e.g. below bubblewrap's monitor and init), not to its whole tree: a gentle stop it may handle (finish
+        writing, run its clean-up). False when the command is gone or could not be found."""
+        with self.lock:
+            if self.reaped:
+                return False
+            target = self.proc.pid
+            for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+                try:
+                    with open(f"/proc/{pid}/comm", "rb") as fh:
+                        name = fh.read().strip()
+                except OSError:
+                    continue
+                if name not in RUNTIME_PROCESSES:
+                    target = pid
+                    break
+            try:
+                os.kill(target, signum)
+            except ProcessLookupError:
+                return False
+            return True
 
     def reap(self) -> tuple[int, resource.struct_rusage]:
         """Kill what the main process left behind (it is still unreaped, so its ids are still ours), then reap."""

@@ -246,6 +246,14 @@ class Sandbox(ABC):
                           stderr_tail=stderr_tail, wall_s=outcome.wall_s, cpu_s=outcome.cpu_s,
                           stdout_path=stdout_path, stderr_path=stderr_path)
 
+    def interrupt_all(self, signum: int = signal.SIGTERM) -> int:
+        """Ask every command this sandbox runs to stop (``signum`` to the command itself, which may handle it:
+        the model relay's forwarder passes it to the agent, then runs the agent's own export steps); returns how
+        many were signalled. The watchdog's :meth:`kill_all` still ends them at the limit."""
+        with self._active_lock:
+            running = list(self._active)
+        return sum(item.interrupt(signum) for item in running)
+
     def kill_all(self) -> None:
         """Kill every process this sandbox has started and that still runs (the watchdog calls it)."""
         with self._active_lock:
