@@ -254,3 +254,22 @@ def test_to_markdown_and_csv_agree(group_dir: Path) -> None:
     assert all(r.ci_low is None for r in report.rows)
     assert len(pd.read_csv(io.StringIO(to_csv(report)))) == len(report.rows)
     assert to_markdown(report).count("\n| sample |") == 4  # all tasks, by type, by dimension, by task
+
+
+def test_the_terminal_table_keeps_its_width_when_written_to_a_file(group_dir: Path) -> None:
+    """`rexmle report > report.txt` (no terminal to fit): the wide table keeps its natural width instead of being
+    folded by rich's default 80 columns into one-letter columns; a terminal still gets a table that fits it."""
+    import io
+
+    from rich.console import Console
+
+    from rexmle_agents.results.report import render_terminal
+
+    report = build_group_report(load_runs([group_dir]), replicates=0)
+    written = io.StringIO()
+    render_terminal(report, Console(file=written, width=80, force_terminal=False))
+    header = next(line for line in written.getvalue().splitlines() if "agent" in line and "┃" in line)
+    assert "mean pct ± s.e." in header and len(header) > 80
+    shown = io.StringIO()
+    render_terminal(report, Console(file=shown, width=80, force_terminal=True, color_system=None))
+    assert max(len(line) for line in shown.getvalue().splitlines() if "┃" in line) <= 80

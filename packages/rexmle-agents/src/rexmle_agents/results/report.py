@@ -444,6 +444,9 @@ def cluster_lines(report: GroupReport) -> list[str]:
     return lines
 
 
+MAX_FILE_TABLE_WIDTH = 320  # characters of a table printed to a file or a pipe
+
+
 def render_terminal(report: GroupReport, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -460,7 +463,17 @@ def render_terminal(report: GroupReport, console: Any) -> None:
                 table.add_column(column, overflow="fold")
             for row in cells:  # cells hold run data: never markup, never a control character
                 table.add_row(*(Text(printable(c, one_line=True)) for c in row))
-            console.print(table)
+            # written to a file or a pipe (no terminal to fit), a wide table keeps its natural width instead of
+            # being folded into one-letter columns at rich's default 80
+            if console.is_terminal:
+                console.print(table)
+                continue
+            natural = console.measure(table, options=console.options.update(max_width=MAX_FILE_TABLE_WIDTH)).maximum
+            width, console.width = console.width, max(console.width, natural)
+            try:
+                console.print(table)
+            finally:
+                console.width = width
     console.print(Text("leaderboards: " + "; ".join(caveat_lines(report)), style="dim"))
     console.print(Text(TERMINAL_RULES, style="dim"))
     for line in footer_lines(report)[len(report.rules):]:
