@@ -116,19 +116,23 @@ def decode_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_values: int 
     return value
 
 
-def _has_lone_surrogate(value: Any) -> bool:
+def json_strings(value: Any) -> Iterator[str]:
+    """Every string of a parsed JSON value (object keys included), by a loop, not recursion: the depth is bounded
+    but the walk need not rely on it."""
     pending = [value]
-    while pending:  # a loop, not recursion: the depth is bounded but the walk need not rely on it
+    while pending:
         item = pending.pop()
         if isinstance(item, str):
-            if _LONE_SURROGATE.search(item):
-                return True
+            yield item
         elif isinstance(item, dict):
             pending.extend(item.keys())
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
-    return False
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    return any(_LONE_SURROGATE.search(text) for text in json_strings(value))
 
 
 def _tool_call(call_id: str, name: str, arguments: str) -> ToolCall:

@@ -64,6 +64,7 @@ from rexmle_agents.relay.protocol import (
     adapt_messages,
     brief,
     decode_json,
+    json_strings,
     render_embeddings,
     tool_choice_extra,
 )
@@ -522,7 +523,7 @@ class RelayServer:
             return self.refuse(404, ANTHROPIC, "model_not_found", f"model {brief(model)} is not served here (the "
                                f"relay serves {known}: give the agent one of these names)", model=model)
         size = sum(len(text.encode("utf-8", errors="replace"))
-                   for text in _strings([body.get("system"), body["messages"], body.get("tools")]))
+                   for text in json_strings([body.get("system"), body["messages"], body.get("tools")]))
         with self._lock:
             self.stats.token_counts += 1
         return Reply(200, {"input_tokens": max(1, math.ceil(size / COUNT_TOKENS_BYTES_PER_TOKEN))})
@@ -567,20 +568,6 @@ class RelayServer:
             pass
         finally:
             connection.close()
-
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string of a parsed JSON value (object keys included), without recursion (the value is bounded)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
 
 
 def _response_bytes(reply: Reply, *, close: bool) -> bytes:
