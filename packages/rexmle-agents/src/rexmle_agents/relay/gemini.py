@@ -18,7 +18,6 @@ refusals included, in that shape.
 from __future__ import annotations
 
 import json
-import math
 import re
 import uuid
 from collections import deque
@@ -28,13 +27,12 @@ from urllib.parse import unquote
 
 from rexmle_agents.models.types import FINISH_LENGTH, GenerateConfig, Message, ModelResponse, ToolCall, ToolSpec
 from rexmle_agents.relay import protocol
-from rexmle_agents.relay.protocol import ProtocolError, RelayRequest, brief, sse
+from rexmle_agents.relay.protocol import ProtocolError, RelayRequest, brief, estimated_tokens, sse
 
 GEMINI = "gemini"
 GENERATE = "generateContent"
 STREAM = "streamGenerateContent"
 COUNT_TOKENS = "countTokens"
-COUNT_TOKENS_BYTES_PER_TOKEN = 3  # the estimate of the Anthropic dialect's count_tokens, for the same reason
 
 # /v1beta/models/{model}:{method} (the SDKs also speak v1 and v1alpha); any method, so that an unknown one is
 # refused in Google's error shape
@@ -330,17 +328,7 @@ def estimate_tokens(body: Any) -> int:
     request = _obj(request, "generateContentRequest") if request is not None else body
     if not isinstance(request.get("contents"), list):
         raise ProtocolError("a countTokens body holds a list of contents (or a generateContentRequest with one)")
-    size, pending = 0, [request.get("contents"), request.get("systemInstruction"), request.get("tools")]
-    while pending:  # a loop: the body's depth is bounded, but this walk need not rely on it
-        item = pending.pop()
-        if isinstance(item, str):
-            size += len(item.encode("utf-8", errors="replace"))
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return max(1, math.ceil(size / COUNT_TOKENS_BYTES_PER_TOKEN))
+    return estimated_tokens([request.get("contents"), request.get("systemInstruction"), request.get("tools")])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import time
 import uuid
@@ -129,6 +130,18 @@ def json_strings(value: Any) -> Iterator[str]:
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
+
+
+# The count-tokens endpoints (Anthropic's count_tokens, Gemini's countTokens) are answered with this estimate, no
+# model call: a conservative count (English text runs about 4 bytes a token) so that an agent sizing its context
+# by it errs on the safe side.
+COUNT_TOKENS_BYTES_PER_TOKEN = 3
+
+
+def estimated_tokens(value: Any) -> int:
+    """The count-tokens estimate of every string in ``value`` (a parsed JSON value): UTF-8 bytes / 3, at least 1."""
+    size = sum(len(text.encode("utf-8", errors="replace")) for text in json_strings(value))
+    return max(1, math.ceil(size / COUNT_TOKENS_BYTES_PER_TOKEN))
 
 
 def _has_lone_surrogate(value: Any) -> bool:

@@ -64,7 +64,7 @@ from rexmle_agents.relay.protocol import (
     adapt_messages,
     brief,
     decode_json,
-    json_strings,
+    estimated_tokens,
     render_embeddings,
     tool_choice_extra,
 )
@@ -79,9 +79,8 @@ API_PATHS = {"/v1/chat/completions": CHAT, "/chat/completions": CHAT, "/v1/respo
              "/responses": RESPONSES, "/v1/messages": ANTHROPIC, "/messages": ANTHROPIC,
              "/v1beta/openai/chat/completions": CHAT}  # Gemini's OpenAI-compatible endpoint (AIDE's gemini-* path)
 EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
-# Anthropic's token counting, answered with an estimate (no model call): UTF-8 bytes of the text per token
+# Anthropic's token counting, answered with an estimate (no model call: protocol.estimated_tokens)
 COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
-COUNT_TOKENS_BYTES_PER_TOKEN = 3
 FORWARDER_FAULT_PATH = "/rexmle/forwarder-fault"  # the in-sandbox forwarder reports what it could not serve
 RETRY_AFTER_S = 2
 MAX_REQUEST_LINE = 8192
@@ -522,11 +521,10 @@ class RelayServer:
             known = ", ".join(sorted(self.routes)) or "none"
             return self.refuse(404, ANTHROPIC, "model_not_found", f"model {brief(model)} is not served here (the "
                                f"relay serves {known}: give the agent one of these names)", model=model)
-        size = sum(len(text.encode("utf-8", errors="replace"))
-                   for text in json_strings([body.get("system"), body["messages"], body.get("tools")]))
+        tokens = estimated_tokens([body.get("system"), body["messages"], body.get("tools")])
         with self._lock:
             self.stats.token_counts += 1
-        return Reply(200, {"input_tokens": max(1, math.ceil(size / COUNT_TOKENS_BYTES_PER_TOKEN))})
+        return Reply(200, {"input_tokens": tokens})
 
     def models(self) -> Reply:
         data = [{"id": alias, "object": "model", "owned_by": "rexmle-relay"} for alias in sorted(self.routes)]
