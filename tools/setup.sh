@@ -71,6 +71,18 @@ if [ "$dev" = 1 ]; then
       fi
     fi
   done
+  # The docker sandbox's tests (packages/rexmle-agents/tests/sandbox_docker) start their own private dockerd and
+  # import a small image built on the spot: they need the engine's programs, never a running system Docker.
+  if ! command -v dockerd >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing docker.io (the docker sandbox's tests start a private engine)"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io; } >/dev/null \
+        || echo "warning: could not install docker.io; the docker sandbox's tests will be skipped" >&2
+    else
+      echo "warning: dockerd is missing: run 'sudo apt-get install -y docker.io', or the docker sandbox's" \
+           "tests are skipped" >&2
+    fi
+  fi
   # The SLURM tests start a one-node cluster (tools/slurm_local.py): Debian's SLURM daemons and clients, and munge.
   # In CI (a throwaway machine) also slurmdbd and MariaDB, for the accounting test; on a workstation they would
   # start a database service, so there that test is skipped unless they are installed by hand.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Sequence
@@ -23,13 +24,22 @@ from typing import Any
 
 from rexmle_agents.sandbox import _process
 from rexmle_agents.sandbox._container import container_env, require_image
-from rexmle_agents.sandbox.base import DATA_DIRNAME, WORKSPACE, Sandbox, SandboxSpec
+from rexmle_agents.sandbox.base import (
+    DATA_DIRNAME,
+    STOPPED_MEMORY,
+    STOPPED_PROCESSES,
+    WORKSPACE,
+    Sandbox,
+    SandboxSpec,
+)
 
 INSTALL_HINT = "install Docker Engine (https://docs.docker.com/engine/install/) and start it"
 
 
 @functools.cache
-def _docker_problem() -> str | None:
+def _docker_problem(host: str | None, context: str | None) -> str | None:
+    """Asked once per engine address (``DOCKER_HOST``/``DOCKER_CONTEXT``), so a harness pointed at another engine
+    later is not answered with the first one's verdict."""
     path = shutil.which("docker")
     if path is None:
         return f"docker is not installed; {INSTALL_HINT}"
@@ -56,7 +66,7 @@ class DockerSandbox(Sandbox):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        return _docker_problem()
+        return _docker_problem(os.environ.get("DOCKER_HOST"), os.environ.get("DOCKER_CONTEXT"))
 
     def _engine_mechanism(self) -> str:
         return "docker engine (--memory, --pids-limit, --cpus) + --ulimit fsize"
@@ -92,6 +102,20 @@ class DockerSandbox(Sandbox):
         for key, value in env.items():
             args += ["-e", f"{key}={value}"]
         return [*args, self.image, *argv]
+
+    def _classify(self, outcome: _process.Outcome, stderr_tail: str) -> tuple[int | None, str | None]:
+        """The engine's limits leave no counters on the host (its cgroups are its own and ``--rm`` drops the
+        container's OOMKilled flag), so their traces are read from the outcome: the engine's OOM killer ends the
+        command with SIGKILL (exit status 137 through ``--init``) that we did not send, and a fork refused by
+        ``--pids-limit`` fails with EAGAIN."""
+        exit_code, stopped_by = super()._classify(outcome, stderr_tail)
+        limits = self.spec.limits
+        if stopped_by == f"signal:{signal.SIGKILL}" and limits.memory_bytes is not None:
+            return exit_code, STOPPED_MEMORY
+        if (stopped_by is None and exit_code not in (0, None) and limits.max_processes is not None
+                and "Resource temporarily unavailable" in stderr_tail):
+            return exit_code, STOPPED_PROCESSES
+        return exit_code, stopped_by
 
     def _user(self) -> str:
         """The harness's own uid:gid, or the run's leased unprivileged uid:gid when the harness is root."""

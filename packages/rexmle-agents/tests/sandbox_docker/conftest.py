@@ -1,0 +1,229 @@
+"""A private Docker engine for the docker sandbox's tests, and a small image with Python built for it.
+
+The engine is our own ``dockerd`` (its own data root, exec root, pid file and Unix socket under a temporary folder,
+no bridge and no iptables rules: every run uses ``--network none``), so the tests neither need nor touch a Docker
+that may already run on the machine. No registry is reachable, so the image is ``docker import`` of a root file
+system tarred here from the host's own system Python, its shared libraries, the standard library, ``/bin/sh`` and a
+few coreutils.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rexmle_agents.sandbox import SandboxLimits, SandboxSpec
+
+INSTALL = "apt-get install -y docker.io"
+IMAGE = "rexmle-test-python:1"
+SECRET = "SECRET-LABEL-7f3a9c"
+PUBLIC_TEXT = "id,label\ncase_001,?\n"
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+TOOLS = ("sh", "cat", "sleep", "env", "ls", "id", "touch", "ln", "rm", "rmdir", "head")
+_LIB_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
+
+
+@dataclass(frozen=True)
+class Engine:
+    host: str  # DOCKER_HOST of the private engine
+    image: str
+    start_s: float
+    image_s: float
+    image_bytes: int
+
+
+@dataclass(frozen=True)
+class World:
+    root: Path
+    data_root: Path
+    public: Path
+    private: Path
+    workspace: Path
+    image: str
+    secret: str = SECRET
+    public_text: str = PUBLIC_TEXT
+
+    def spec(self, **limits: object) -> SandboxSpec:
+        return SandboxSpec(workspace=self.workspace, data=self.public, image=self.image,
+                           limits=SandboxLimits(**limits))
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    dockerd, docker = shutil.which("dockerd"), shutil.which("docker")
+    if dockerd is None or docker is None:
+        pytest.skip(f"the Docker engine is not installed ({INSTALL}; tools/setup.sh --dev does it as root)")
+    if os.geteuid() != 0:
+        pytest.skip("starting a private Docker engine needs root")
+    # The socket path must stay short (108 bytes at most), so not under pytest's deep folders.
+    root = Path(tempfile.mkdtemp(prefix="rexmle-dockerd-"))
+    sock = root / "docker.sock"
+    log_path = root / "dockerd.log"
+    pidfile = root / "dockerd.pid"
+    host = f"unix://{sock}"
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        daemon = subprocess.Popen(
+            [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile",
+             str(pidfile), "-H", host, "--bridge", "none", "--iptables=false", "--ip6tables=false"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    saved = {k: os.environ.get(k) for k in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    try:
+        env = {**os.environ, "DOCKER_HOST": host}
+        env.pop("DOCKER_CONTEXT", None)
+        _wait_for_engine(docker, env, daemon, log_path)
+        start_s = time.monotonic() - start
+        start = time.monotonic()
+        image_bytes = _import_image(docker, env, tmp_path_factory.mktemp("image"))
+        image_s = time.monotonic() - start
+        os.environ["DOCKER_HOST"] = host
+        os.environ.pop("DOCKER_CONTEXT", None)
+        yield Engine(host=host, image=IMAGE, start_s=start_s, image_s=image_s, image_bytes=image_bytes)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _stop(daemon)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_for_engine(docker: str, env: dict[str, str], daemon: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            break
+        done = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], env=env, capture_output=True,
+                              timeout=30, check=False)
+        if done.returncode == 0:
+            return
+        time.sleep(0.5)
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+    _stop(daemon)
+    pytest.skip(f"a private dockerd did not start (exit status {daemon.poll()}); its log ends:\n{tail}")
+
+
+def _stop(daemon: subprocess.Popen) -> None:
+    """SIGTERM lets dockerd stop its containers and its own containerd; SIGKILL to the group if it hangs."""
+    if daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(timeout=10)
+
+
+def _import_image(docker: str, env: dict[str, str], folder: Path) -> int:
+    """Tar a root file system holding the host's system Python and ``docker import`` it; returns the tar's size."""
+    if not SYSTEM_PYTHON.exists():
+        pytest.skip(f"no system Python at {SYSTEM_PYTHON} to build the test image from (apt-get install -y python3)")
+    python = SYSTEM_PYTHON.resolve()
+    stdlib = Path("/usr/lib") / python.name
+    if not stdlib.is_dir():
+        pytest.skip(f"the system Python's standard library {stdlib} is missing")
+    programs = [python, *(Path(p) for t in TOOLS if (p := shutil.which(t, path="/usr/bin:/bin")) is not None)]
+    dynload = sorted((stdlib / "lib-dynload").glob("*.so"))
+    libraries: set[Path] = set()
+    for binary in [*programs, *dynload]:
+        libraries.update(_shared_libraries(binary))
+    tar_path = folder / "rootfs.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for name in ("bin", "lib", "lib64", "sbin"):  # Debian's merged /usr
+            if Path("/" + name).is_symlink():
+                _add_link(tar, name, os.readlink("/" + name))
+        for name in ("tmp", "workspace", "proc", "sys", "dev", "etc", "root"):
+            _add_dir(tar, name, 0o1777 if name == "tmp" else 0o755)
+        _add_text(tar, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n")
+        _add_text(tar, "etc/group", "root:x:0:\nnogroup:x:65534:\n")
+        for path in sorted({*programs, *libraries, SYSTEM_PYTHON, Path("/bin/sh")}):
+            _add_path(tar, path)
+        tar.add(stdlib, arcname=str(stdlib).lstrip("/"), filter=_skip_tests_and_caches)
+    with open(tar_path, "rb") as fh:
+        done = subprocess.run([docker, "import", "-", IMAGE], stdin=fh, env=env, capture_output=True, timeout=300,
+                              check=False)
+    if done.returncode != 0:
+        pytest.fail(f"docker import of the test image failed: {done.stderr.decode(errors='replace')}")
+    return tar_path.stat().st_size
+
+
+def _shared_libraries(binary: Path) -> set[Path]:
+    done = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False)
+    return {Path(m.group(1)) for line in done.stdout.splitlines() if (m := _LIB_LINE.search(line))}
+
+
+def _add_path(tar: tarfile.TarFile, path: Path) -> None:
+    """A file by its own name: a link (like sh -> dash or the loader's name) as a link, plus what it points to."""
+    seen: set[str] = set()
+    while str(path) not in seen:
+        seen.add(str(path))
+        real_parent = path.parent.resolve()
+        here = real_parent / path.name
+        if here.is_symlink():
+            target = os.readlink(here)
+            _add_link(tar, str(here).lstrip("/"), target)
+            path = (real_parent / target) if not target.startswith("/") else Path(target)
+            continue
+        if str(here).lstrip("/") not in tar.getnames():
+            tar.add(here, arcname=str(here).lstrip("/"), recursive=False)
+        return
+
+
+def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    if name in tar.getnames():
+        return
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    tar.addfile(info)
+
+
+def _add_dir(tar: tarfile.TarFile, name: str, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, mode
+    tar.addfile(info)
+
+
+def _add_text(tar: tarfile.TarFile, name: str, text: str) -> None:
+    data = text.encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _skip_tests_and_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = Path(info.name).parts
+    if "__pycache__" in parts or (len(parts) > 3 and parts[3] in ("test", "idlelib", "tkinter", "ensurepip")):
+        return None
+    if "_test" in info.name.rsplit("/", 1)[-1] and info.name.endswith(".so"):
+        return None
+    return info
+
+
+@pytest.fixture
+def world(docker_engine: Engine, tmp_path: Path) -> World:
+    """A fake data root (one task with public/ and private/ side by side) and a run workspace beside it."""
+    data_root = tmp_path / "data"
+    public = data_root / "task" / "public"
+    private = data_root / "task" / "private"
+    public.mkdir(parents=True)
+    private.mkdir()
+    (public / "train.csv").write_text(PUBLIC_TEXT)
+    (private / "labels.txt").write_text(SECRET)
+    workspace = tmp_path / "run" / "workspace"
+    for sub in ("submission", "working"):
+        (workspace / sub).mkdir(parents=True)
+    return World(root=tmp_path, data_root=data_root, public=public, private=private, workspace=workspace,
+                 image=docker_engine.image)
