@@ -311,3 +311,25 @@ def test_run_rows_built_without_a_variant_stand_for_their_data_kind() -> None:
     base = {**BASE, "task_id": "isles22", "competition": facts.competition}
     assert RunRow(**base).variant == "real"
     assert RunRow(**{**base, "data": "synthetic", "synthetic": True}).variant == "synthetic-unknown"
+
+
+def test_two_mirrors_of_one_task_and_seed_never_share_a_run_id(tmp_path: Path) -> None:
+    """A synthetic mirror prepared again (`--force` draws a new secret: other data, other labels) is another
+    mirror of the same variant: its runs get other run ids, so a group never returns the old mirror's result; the
+    same secret gives the same id (the digest of the secret, never the secret, is in the spec)."""
+    from rexmle_agents.harness.runner import build_spec
+    from rexmle_tasks.pipeline import prepare_task, task_dirs
+    from rexmle_tasks.registry import get_task
+
+    task = get_task(TASK)
+
+    def spec_on(folder: str, secret: str) -> Any:
+        root = tmp_path / folder
+        prepare_task(task, task_dirs(task, root), synthetic=True, cases=8, seed=0, secret=secret)
+        return build_spec(TASK, agent="sample", data_root=root, sandbox="bwrap")
+
+    first, again, other = spec_on("a", "secret-one"), spec_on("b", "secret-one"), spec_on("c", "secret-two")
+    assert first.run_id == again.run_id and first.data_digest == again.data_digest
+    assert other.run_id != first.run_id and other.data_digest != first.data_digest
+    assert first.data_variant == other.data_variant == "synthetic-easy"  # one variant, two mirrors
+    assert b"secret-one".hex() not in first.model_dump_json() and "secret-one" not in first.model_dump_json()

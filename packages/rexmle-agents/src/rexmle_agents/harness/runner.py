@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -73,6 +74,18 @@ class RunOutcome:
 # building a spec
 
 
+def mirror_digest(dirs: Any) -> str | None:
+    """Which synthetic mirror a prepared task holds: a one-way digest of its secret (kept in ``private/``), so runs
+    on two mirrors of one task and seed (prepared again with ``--force``) never share a run id or a run folder.
+    None for a preparation made before mirrors had secrets."""
+    from rexmle_tasks.pipeline import SYNTHETIC_SECRET, read_secret
+
+    secret = read_secret(dirs.private / SYNTHETIC_SECRET)
+    if secret is None:
+        return None
+    return hashlib.sha256(b"rexmle-synthetic-mirror\0" + secret).hexdigest()[:16]
+
+
 def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | None = None,
                models: Mapping[str, str] | None = None, seed: int = 0, limits: Limits | None = None,
                resources: Resources | None = None, sandbox: str = "auto", allow_unsandboxed: bool = False,
@@ -105,7 +118,8 @@ def build_spec(task_id: str, *, agent: str, agent_config: Mapping[str, Any] | No
     # the variant comes from the prepared task's own record, so it says what was prepared, not what was asked for
     variant = data_variant(synthetic=info.synthetic, difficulty=info.difficulty)
     return RunSpec(task_id=task.id, task_version=task.meta.version, split_digest=info.split_digest,
-                   data_variant=variant, agent=agent,
+                   data_variant=variant, data_digest=mirror_digest(task_dirs(task, root)) if info.synthetic else None,
+                   agent=agent,
                    agent_version=agent_info.version, agent_config=config, models=models, seed=seed,
                    limits=limits or Limits(), resources=resources, sandbox=kind, sandbox_image=sandbox_image,
                    allow_unsandboxed=allow_unsandboxed, group=group, data_root=str(root),

@@ -94,6 +94,10 @@ class RunSpec(_Frozen):
     data_variant: str = Field(default=UNKNOWN_VARIANT, pattern=r"^(real|unknown|synthetic-[a-z0-9-]+)$",
                               description="the data the task was prepared from: real, synthetic-easy, "
                                           "synthetic-realistic (unknown: written before variants were recorded)")
+    data_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$",
+                                    description="which synthetic mirror of the variant: a one-way digest of its "
+                                                "secret (two mirrors of one task and seed differ by it); none for "
+                                                "real data or preparations made before mirrors had secrets")
     agent: str
     agent_version: str
     agent_config: dict[str, Any] = Field(default_factory=dict)
@@ -114,6 +118,8 @@ class RunSpec(_Frozen):
 
     def identity(self) -> dict[str, Any]:
         legacy = {"data_variant"} if self.data_variant == UNKNOWN_VARIANT else set()  # keeps old folders' ids
+        if self.data_digest is None:
+            legacy.add("data_digest")
         exclude: dict[str, Any] = dict.fromkeys(("group", "data_root", "rexmle_versions", *legacy), True)
         if self.resources.run_folder_gb is None:  # the default leaves the ids of older specs as they were
             exclude["resources"] = {"run_folder_gb"}
