@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -183,28 +182,12 @@ class RunFolderWatch:
         self.last: dict[str, Any] = {}
 
     def measure(self) -> tuple[int, int]:
-        """(bytes allocated, entries) of the run folder without the skipped top-level names."""
-        total = entries = 0
-        pending = [(self.run_dir, True)]
-        while pending:
-            folder, top = pending.pop()
-            try:
-                listing = os.scandir(folder)
-            except OSError:  # removed meanwhile (a partial snapshot renamed into place)
-                continue
-            with listing:
-                for entry in listing:
-                    if top and entry.name in self.skip:
-                        continue
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    entries += 1
-                    total += info.st_blocks * 512
-                    if stat.S_ISDIR(info.st_mode):
-                        pending.append((Path(entry.path), False))
-        return total, entries
+        """(bytes allocated, entries) of the run folder without the skipped top-level names: the same walk as the
+        workspace's disk limit (:meth:`~rexmle_agents.safe_workspace.Workspace.usage`)."""
+        from rexmle_agents.safe_workspace import Workspace
+
+        usage = Workspace(self.run_dir).usage(skip=self.skip)
+        return usage.bytes, usage.entries
 
     def check(self, now: float) -> str | None:
         """None while the run folder is within its limit; else why it is not."""
