@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +24,11 @@ class World:
     workspace: Path
     secret: str = SECRET
     public_text: str = PUBLIC_TEXT
+    image: str | None = None  # the image-based runtimes' (tests/sandbox_docker)
 
     def spec(self, **limits: object) -> SandboxSpec:
-        return SandboxSpec(workspace=self.workspace, data=self.public, limits=SandboxLimits(**limits))
+        return SandboxSpec(workspace=self.workspace, data=self.public, image=self.image,
+                           limits=SandboxLimits(**limits))
 
 
 @pytest.fixture
@@ -57,3 +61,27 @@ def make_world(tmp_path: Path) -> World:
     for sub in ("submission", "working"):
         (workspace / sub).mkdir(parents=True)
     return World(root=tmp_path, data_root=data_root, public=public, private=private, workspace=workspace)
+
+
+@contextlib.contextmanager
+def host_listener() -> Iterator[tuple[int, list[str]]]:
+    """A TCP port listening on every address of this host, and those addresses (loopback, the outgoing interface's,
+    the host name's), each checked to answer from the host: a connection from inside a sandbox can then fail only
+    because the sandbox has no network."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+    addresses = {"127.0.0.1"}
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with contextlib.suppress(OSError), probe:
+        probe.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outgoing interface
+        addresses.add(probe.getsockname()[0])
+    with contextlib.suppress(OSError):
+        addresses.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    try:
+        for address in addresses:
+            socket.create_connection((address, port), timeout=2).close()
+        yield port, sorted(addresses)
+    finally:
+        server.close()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -28,6 +26,8 @@ from rexmle_agents.sandbox import (
 )
 from rexmle_agents.sandbox.environment import secret_paths
 from rexmle_grade.errors import SandboxError
+
+from .conftest import host_listener
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="bubblewrap is not installed (apt-get install -y bubblewrap)")
@@ -118,25 +118,12 @@ print('LEAKS', leaks)
 
 
 def test_no_network_even_to_host_loopback(world) -> None:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("0.0.0.0", 0))
-    server.listen(16)
-    port = server.getsockname()[1]
-    addresses = {"127.0.0.1"}
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with contextlib.suppress(OSError), probe:
-        probe.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outgoing interface
-        addresses.add(probe.getsockname()[0])
-    with contextlib.suppress(OSError):
-        addresses.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    try:
-        for address in addresses:  # from the host, every address answers: the check inside can fail
-            socket.create_connection((address, port), timeout=2).close()
+    with host_listener() as (port, addresses):  # from the host, every address answers: the check inside can fail
         sandbox = get_sandbox("bwrap", world.spec())
         code = f"""
 import socket
 reached = []
-for address in {sorted(addresses)!r}:
+for address in {addresses!r}:
     try:
         socket.create_connection((address, {port}), timeout=2).close()
         reached.append(address)
@@ -145,8 +132,6 @@ for address in {sorted(addresses)!r}:
 print('REACHED', reached)
 """
         result = py(sandbox, code, timeout_s=20)
-    finally:
-        server.close()
     assert result.ok, result.stderr_tail
     assert "REACHED []" in result.stdout_tail
 

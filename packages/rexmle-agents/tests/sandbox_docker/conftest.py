@@ -9,12 +9,15 @@ few coreutils.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import io
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -24,12 +27,17 @@ from pathlib import Path
 
 import pytest
 
-from rexmle_agents.sandbox import SandboxLimits, SandboxSpec
+# the bubblewrap tests' world, loaded by path (a conftest is not importable by name)
+_spec = importlib.util.spec_from_file_location("_rexmle_sandbox_fixtures",
+                                               Path(__file__).parent.parent / "sandbox" / "conftest.py")
+assert _spec is not None and _spec.loader is not None  # a file next to this folder
+_sandbox = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _sandbox  # its dataclasses look their module up by name
+_spec.loader.exec_module(_sandbox)
+World, make_world, host_listener = _sandbox.World, _sandbox.make_world, _sandbox.host_listener
 
 INSTALL = "apt-get install -y docker.io"
 IMAGE = "rexmle-test-python:1"
-SECRET = "SECRET-LABEL-7f3a9c"
-PUBLIC_TEXT = "id,label\ncase_001,?\n"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 TOOLS = ("sh", "cat", "sleep", "env", "ls", "id", "touch", "ln", "rm", "rmdir", "head")
 _LIB_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
@@ -42,22 +50,6 @@ class Engine:
     start_s: float
     image_s: float
     image_bytes: int
-
-
-@dataclass(frozen=True)
-class World:
-    root: Path
-    data_root: Path
-    public: Path
-    private: Path
-    workspace: Path
-    image: str
-    secret: str = SECRET
-    public_text: str = PUBLIC_TEXT
-
-    def spec(self, **limits: object) -> SandboxSpec:
-        return SandboxSpec(workspace=self.workspace, data=self.public, image=self.image,
-                           limits=SandboxLimits(**limits))
 
 
 @pytest.fixture(scope="session")
@@ -214,16 +206,6 @@ def _skip_tests_and_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 @pytest.fixture
 def world(docker_engine: Engine, tmp_path: Path) -> World:
-    """A fake data root (one task with public/ and private/ side by side) and a run workspace beside it."""
-    data_root = tmp_path / "data"
-    public = data_root / "task" / "public"
-    private = data_root / "task" / "private"
-    public.mkdir(parents=True)
-    private.mkdir()
-    (public / "train.csv").write_text(PUBLIC_TEXT)
-    (private / "labels.txt").write_text(SECRET)
-    workspace = tmp_path / "run" / "workspace"
-    for sub in ("submission", "working"):
-        (workspace / sub).mkdir(parents=True)
-    return World(root=tmp_path, data_root=data_root, public=public, private=private, workspace=workspace,
-                 image=docker_engine.image)
+    """The bubblewrap tests' world (a fake data root with public/ and private/ side by side, a run workspace
+    beside it), with the private engine's image."""
+    return dataclasses.replace(make_world(tmp_path), image=docker_engine.image)

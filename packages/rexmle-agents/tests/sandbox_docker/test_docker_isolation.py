@@ -3,9 +3,7 @@ limits stop it. The same promises test_bwrap_isolation.py and test_trust.py prov
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -14,6 +12,8 @@ import pytest
 
 from rexmle_agents.safe_workspace import Workspace
 from rexmle_agents.sandbox import STOPPED_MEMORY, STOPPED_PROCESSES, STOPPED_TIMEOUT, DockerSandbox, get_sandbox
+
+from .conftest import host_listener
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts a private Docker engine: needs root")
 
@@ -61,22 +61,11 @@ def test_runs_as_the_leased_unprivileged_user(world) -> None:
 
 
 def test_no_network_even_to_host_loopback(world) -> None:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("0.0.0.0", 0))
-    server.listen(16)
-    port = server.getsockname()[1]
-    addresses = {"127.0.0.1"}
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with contextlib.suppress(OSError), probe:
-        probe.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outgoing interface
-        addresses.add(probe.getsockname()[0])
-    try:
-        for address in addresses:  # from the host, every address answers: the check inside can fail
-            socket.create_connection((address, port), timeout=2).close()
+    with host_listener() as (port, addresses):  # from the host, every address answers: the check inside can fail
         code = f"""
 import socket
 reached = []
-for address, port in {[(a, port) for a in sorted(addresses)] + [("1.1.1.1", 53), ("8.8.8.8", 443)]!r}:
+for address, port in {[(a, port) for a in addresses] + [("1.1.1.1", 53), ("8.8.8.8", 443)]!r}:
     try:
         socket.create_connection((address, port), timeout=2).close()
         reached.append(address)
@@ -85,8 +74,6 @@ for address, port in {[(a, port) for a in sorted(addresses)] + [("1.1.1.1", 53),
 print('REACHED', reached, sorted(n for _, n in socket.if_nameindex()))
 """
         result = py(get_sandbox("docker", world.spec()), code, timeout_s=30)
-    finally:
-        server.close()
     assert result.ok, result.stderr_tail
     assert "REACHED [] ['lo']" in result.stdout_tail
 
