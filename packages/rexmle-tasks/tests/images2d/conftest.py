@@ -8,6 +8,7 @@ synthetic training data beats the sample submission.
 from __future__ import annotations
 
 import csv
+import re
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -114,8 +115,10 @@ class Prepared:
             assert sha256_file(path) not in private_sums, f"{rel} is a copy of a private file"
             text = path.read_text(errors="ignore") if path.suffix in (".csv", ".json", ".geojson") else ""
             for case_id in self.test_ids:
-                assert case_id not in rel.as_posix(), f"test id {case_id} in {rel}"
-                assert case_id not in text, f"test id {case_id} inside {rel}"
+                # a whole id, not a prefix of another name: test case train_1 beside training image train_10.png
+                whole = re.compile(rf"(?<![A-Za-z0-9]){re.escape(case_id)}(?![A-Za-z0-9])")
+                assert not whole.search(rel.as_posix()), f"test id {case_id} in {rel}"
+                assert not whole.search(text), f"test id {case_id} inside {rel}"
 
 
 def prepare_synthetic(task_id: str, root: Path, *, cases: int | None = None, seed: int = 0) -> Prepared:
