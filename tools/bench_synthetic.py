@@ -18,8 +18,16 @@ level), as a model that sees its sibling's result would; reviews report the prin
   (gradient boosting) on bias-corrected multi-scale DWI/ADC and the distance to the brain's edge; 3 + removal of
   one-voxel components and a tuned probability threshold.
 
+The difficulty ladder of every task (issue 36): per task, on its ``realistic`` mirror (``--ladder-difficulties``),
+the sample submission, the task's simple heuristic (``rexmle baselines run heuristic``) and its trained quick rung
+(:mod:`rexmle_baselines.ladder`), each graded on the hidden test labels by the task's grader with its validation
+metric; the drafts-only control comes from the scaffold runs where they were made (``--tasks``). With ``--keep DIR``
+each measured ladder is stored in DIR and read back by a later invocation instead of measured again, so the table
+can be filled task by task.
+
     python tools/bench_synthetic.py [--tasks ldct-iqa,isles22] [--difficulties easy,realistic] [--nodes 8]
         [--presets no-search,aide,mcts,rdloop,evo] [--no-baseline] [--keep DIR]
+        [--ladder-tasks all|none|T1,T2] [--ladder-difficulties realistic] [--no-scaffolds]
 """
 
 from __future__ import annotations
@@ -387,7 +395,47 @@ def run_preset(task: str, root: Path, runs: Path, preset: str, nodes: int, exec_
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def ladder_of(task: str, difficulty: str, base: Path, with_baseline: bool) -> dict[str, Any]:
+    """The task's ladder on its mirror (stored under ``base`` and read back when there)."""
+    from rexmle_baselines.ladder import measure_ladder
+
+    record = base / f"ladder-{task}-{difficulty}.json"
+    rungs = ("sample", "heuristic", "baseline") if with_baseline else ("sample", "heuristic")
+    if record.is_file():
+        done = json.loads(record.read_text())
+        if set(rungs) <= {*done["rungs"], *(["baseline"] if done.get("trained") else [])}:
+            return done
+    started = time.monotonic()
+    ladder = measure_ladder(task, base / f"ladder-data-{difficulty}", difficulty=difficulty,
+                            cases=CASES.get(task), seed=0, rungs=rungs, work_root=base / "ladder-work")
+    trained = next((n for n in ladder.rungs if n not in ("sample", "heuristic")), None)
+    done = {"task": task, "difficulty": difficulty, "cases": ladder.cases, "trained": trained,
+            "metric": ladder.rungs["sample"].metric, "higher_better": ladder.rungs["sample"].higher_better,
+            "rungs": {n: {"value": r.value, "valid": r.valid, "seconds": r.seconds, "score": r.score}
+                      for n, r in ladder.rungs.items()},
+            "ordered": ladder.ordered(), "seconds": round(time.monotonic() - started, 1)}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(done, indent=1))
+    return done
+
+
+def ladder_table(ladders: list[dict[str, Any]], controls: dict[tuple[str, str], float | None]) -> list[str]:
+    lines = ["| task | difficulty | metric | sample | heuristic | quick trained (s) | drafts-only control | "
+             "sample < heuristic < trained |", "|---|---|---|---|---|---|---|---|"]
+    for done in ladders:
+        rungs, trained = done["rungs"], done.get("trained")
+        value = {n: (r["value"] if r["valid"] else None) for n, r in rungs.items()}
+        arrow = "higher" if done["higher_better"] else "lower"
+        trained_cell = "-" if trained is None else (f"{fmt(value[trained])} {trained} "
+                                                    f"({rungs[trained]['seconds']:.0f})")
+        holds = "yes" if done["ordered"] else "**no**"
+        lines.append(f"| {done['task']} | {done['difficulty']} | {done['metric']} ({arrow}) | {fmt(value['sample'])} | "
+                     f"{fmt(value['heuristic'])} | {trained_cell} | "
+                     f"{fmt(controls.get((done['task'], done['difficulty'])))} | {holds} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,13 +447,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exec-timeout", type=float, default=300.0)
     parser.add_argument("--no-baseline", action="store_true", help="leave the quick baseline out (it needs torch)")
     parser.add_argument("--keep", type=Path, default=None, help="keep data and runs in this folder")
+    parser.add_argument("--ladder-tasks", default="all", help="all, none, or task ids for the difficulty ladder")
+    parser.add_argument("--ladder-difficulties", default="realistic")
+    parser.add_argument("--no-scaffolds", action="store_true", help="measure the ladders only")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.getLogger("rexmle_agents.models.base").setLevel(logging.ERROR)  # "scripted/model has no price"
     with tempfile.TemporaryDirectory(prefix="rexmle-bench-synthetic-") as tmp:
         base = args.keep or Path(tmp)
         rows = []
-        for task in args.tasks.split(","):
+        for task in ([] if args.no_scaffolds else args.tasks.split(",")):
             for difficulty in args.difficulties.split(","):
                 root = base / f"data-{difficulty}"
                 prepare_task(get_task(task), task_dirs(get_task(task), root), synthetic=True, cases=CASES[task],
@@ -434,6 +485,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {task} | {difficulty} | {preset} | {fmt(score)} | {result['level']} | "
                   f"{fmt(vs_sample, 3):>6} (sample {fmt(sample['score'])}) | "
                   f"{fmt(vs_base, 3)} ({baseline_name} {fmt(baseline['score'])}) | {fmt(result['percentile'], 2)} |")
+        controls = {(task, difficulty): result["score"] for task, difficulty, preset, result, *_ in rows
+                    if preset == "no-search"}
+        from rexmle_tasks.registry import all_tasks
+
+        names = {"all": sorted(all_tasks()), "none": []}.get(args.ladder_tasks, args.ladder_tasks.split(","))
+        ladders = []
+        for task in names:
+            for difficulty in args.ladder_difficulties.split(","):
+                done = ladder_of(task, difficulty, base, with_baseline=not args.no_baseline)
+                ladders.append(done)
+                print(f"ladder {task} {difficulty}: " + ", ".join(f"{n} {fmt(r['value'])}"
+                                                                  for n, r in done["rungs"].items()), flush=True)
+        if ladders:
+            print("\n" + "\n".join(ladder_table(ladders, controls)))
     return 0
 
 

@@ -147,8 +147,9 @@ def run_baseline(name: str, task_id: str, *, public_dir: Path | None = None, dat
     if missing:
         raise ConfigurationError(f"baseline {name!r} needs {', '.join(missing)}, which is not installed",
                                  hint=f"pip install 'rexmle-baselines[{baseline.extra}]' -c constraints.txt")
-    device = resolve_device(device)
-    check_device_for_config(config, device, allow_cpu=allow_cpu)
+    # nothing to put on a GPU: the heuristic never asks torch whether there is one
+    device = resolve_device(device) if baseline.trains else "cpu"
+    check_device_for_config(config, device, allow_cpu=allow_cpu or not baseline.trains)
     params = merge_params(baseline.configs[config], overrides)
     if time_budget_s is None and params.get("time_aware"):
         time_budget_s = DEFAULT_TIME_BUDGET_S
@@ -173,7 +174,7 @@ def run_baseline(name: str, task_id: str, *, public_dir: Path | None = None, dat
     out.mkdir(parents=True, exist_ok=True)
     try:
         isolate_caches(work_dir)
-        seed_everything(seed, deterministic=bool(params.get("deterministic", True)))
+        seed_everything(seed, deterministic=bool(params.get("deterministic", True)), with_torch=baseline.trains)
         deadline = None if time_budget_s is None else started_at + float(time_budget_s)
         ctx = BaselineContext(task_id=task_id, grader_id=grader_id, public_dir=public_dir.resolve(), out_dir=out,
                               work_dir=work_dir, config=config, params=params, device=device, seed=seed, log=say,

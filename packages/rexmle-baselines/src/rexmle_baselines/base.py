@@ -68,6 +68,8 @@ class Baseline(ABC):
     configs: ClassVar[dict[str, dict[str, Any]]]  # one per name in CONFIGS
     # whether a run killed part-way continues with --resume from its work folder (else it starts again)
     resumable: ClassVar[bool] = False
+    # whether it trains a model (the heuristic does not: its configs are one, without epochs or GPU switches)
+    trains: ClassVar[bool] = True
 
     def supports(self, task_id: str, grader_id: str) -> bool:
         """Whether this baseline can produce a submission for the task (by default: none)."""
@@ -93,7 +95,7 @@ class Baseline(ABC):
 B = TypeVar("B", bound=type[Baseline])
 _REGISTRY: dict[str, type[Baseline]] = {}
 # modules holding baselines: imported on first registry access so each registers itself; none imports torch at import
-_BASELINE_MODULES = ("nnunet", "monai_seg", "detector", "timm_models", "enhance")
+_BASELINE_MODULES = ("nnunet", "monai_seg", "detector", "timm_models", "enhance", "heuristic")
 
 
 def register_baseline(cls: B) -> B:
@@ -195,13 +197,13 @@ def lateralised_labels(task_id: str) -> bool:
     return bool(get_task(task_id).meta.lateralised_labels)
 
 
-def seed_everything(seed: int, *, deterministic: bool = True) -> None:
+def seed_everything(seed: int, *, deterministic: bool = True, with_torch: bool = True) -> None:
     """Seed random, numpy and (when importable) torch. ``deterministic`` asks cuDNN for deterministic kernels
     (repeatable, but 1.5-3x slower in 3-D training) instead of its autotuned fastest ones."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     os.environ["PYTHONHASHSEED"] = str(seed)
-    if importlib.util.find_spec("torch") is None:
+    if not with_torch or importlib.util.find_spec("torch") is None:
         return
     import torch
 
