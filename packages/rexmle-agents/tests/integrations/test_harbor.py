@@ -6,7 +6,7 @@ own trajectory model.
 Harbor needs Python >= 3.12 (rexmle's venv may be older), so it lives in a virtual environment of its own, built
 once at a pinned version into the agent-environment cache ($REXMLE_AGENT_ENVS or ~/.cache/rexmle/agent-envs) and
 driven in subprocesses by :data:`HARBOR_SIDE`. The tests skip, saying why, where no Python >= 3.12 or no package
-index is at hand. Running Harbor trials for real needs a container engine; that is not done here (see the README).
+index is at hand. Harbor trials on a real engine: ../sandbox_docker/test_harbor_trials.py.
 """
 
 from __future__ import annotations

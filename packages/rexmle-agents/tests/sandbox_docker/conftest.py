@@ -119,37 +119,53 @@ def _stop(daemon: subprocess.Popen) -> None:
             daemon.wait(timeout=10)
 
 
-def _import_image(docker: str, env: dict[str, str], folder: Path) -> int:
-    """Tar a root file system holding the host's system Python and ``docker import`` it; returns the tar's size."""
+def _import_image(docker: str, env: dict[str, str], folder: Path, tag: str = IMAGE,
+                  tools: tuple[str, ...] = TOOLS, extra: tuple[tuple[Path, str], ...] = ()) -> int:
+    """Tar a root file system holding the host's system Python, ``tools`` and ``extra`` (host path, path in the
+    image) and ``docker import`` it as ``tag``; returns the tar's size."""
     if not SYSTEM_PYTHON.exists():
         pytest.skip(f"no system Python at {SYSTEM_PYTHON} to build the test image from (apt-get install -y python3)")
     python = SYSTEM_PYTHON.resolve()
     stdlib = Path("/usr/lib") / python.name
     if not stdlib.is_dir():
         pytest.skip(f"the system Python's standard library {stdlib} is missing")
-    programs = [python, *(Path(p) for t in TOOLS if (p := shutil.which(t, path="/usr/bin:/bin")) is not None)]
+    programs = [python, *(Path(p) for t in tools if (p := shutil.which(t, path="/usr/bin:/bin")) is not None)]
     dynload = sorted((stdlib / "lib-dynload").glob("*.so"))
     libraries: set[Path] = set()
-    for binary in [*programs, *dynload]:
-        libraries.update(_shared_libraries(binary))
+    extensions = [so for source, _ in extra if source.is_dir() for so in source.rglob("*.so*") if so.is_file()]
+    bundled = [source.resolve().parent for source, _ in extra]  # numpy.libs and the like come with the packages
+    for binary in [*programs, *dynload, *extensions]:
+        libraries.update(p for p in _shared_libraries(binary) if not any(p.is_relative_to(b) for b in bundled))
     tar_path = folder / "rootfs.tar"
     with tarfile.open(tar_path, "w") as tar:
         for name in ("bin", "lib", "lib64", "sbin"):  # Debian's merged /usr
             if Path("/" + name).is_symlink():
                 _add_link(tar, name, os.readlink("/" + name))
-        for name in ("tmp", "workspace", "proc", "sys", "dev", "etc", "root"):
+        for name in ("tmp", "workspace", "proc", "sys", "dev", "etc", "root", "home"):
             _add_dir(tar, name, 0o1777 if name == "tmp" else 0o755)
         _add_text(tar, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n")
         _add_text(tar, "etc/group", "root:x:0:\nnogroup:x:65534:\n")
         for path in sorted({*programs, *libraries, SYSTEM_PYTHON, Path("/bin/sh")}):
             _add_path(tar, path)
         tar.add(stdlib, arcname=str(stdlib).lstrip("/"), filter=_skip_tests_and_caches)
+        for source, name in extra:
+            tar.add(source, arcname=name.lstrip("/"), filter=_skip_tests_and_caches)
     with open(tar_path, "rb") as fh:
-        done = subprocess.run([docker, "import", "-", IMAGE], stdin=fh, env=env, capture_output=True, timeout=300,
+        done = subprocess.run([docker, "import", "-", tag], stdin=fh, env=env, capture_output=True, timeout=300,
                               check=False)
     if done.returncode != 0:
         pytest.fail(f"docker import of the test image failed: {done.stderr.decode(errors='replace')}")
-    return tar_path.stat().st_size
+    size = tar_path.stat().st_size
+    tar_path.unlink()
+    return size
+
+
+def import_image(engine: Engine, folder: Path, tag: str, tools: tuple[str, ...] = TOOLS,
+                 extra: tuple[tuple[Path, str], ...] = ()) -> int:
+    """Another image for the private engine (see :func:`_import_image`)."""
+    docker = shutil.which("docker")
+    assert docker is not None  # the engine fixture found it
+    return _import_image(docker, {**os.environ, "DOCKER_HOST": engine.host}, folder, tag, tools, extra)
 
 
 def _shared_libraries(binary: Path) -> set[Path]:
@@ -209,3 +225,9 @@ def world(docker_engine: Engine, tmp_path: Path) -> World:
     """The bubblewrap tests' world (a fake data root with public/ and private/ side by side, a run workspace
     beside it), with the private engine's image."""
     return dataclasses.replace(make_world(tmp_path), image=docker_engine.image)
+
+
+@pytest.fixture(scope="session")
+def image_importer(docker_engine: Engine):
+    """``import_image`` bound to the private engine: (folder, tag, tools=..., extra=...) -> the tar's size."""
+    return lambda folder, tag, **kwargs: import_image(docker_engine, folder, tag, **kwargs)

@@ -39,6 +39,9 @@ def export_harbor_command(
     copy_limit_gb: Annotated[float, typer.Option(help="auto: the largest public data copied into the image.")] = 2.0,
     base_image: Annotated[str, typer.Option(help="The image the task's Dockerfile starts FROM (pin a digest: "
                                                  "python:3.11-slim@sha256:...).")] = "python:3.11-slim",
+    install: Annotated[bool, typer.Option(help="pip-install rexmle-grade's requirements into the image; "
+                                               "--no-install when --base-image already holds them (a prebuilt "
+                                               "image, or a build without a package index).")] = True,
     allow_host: Annotated[list[str] | None, typer.Option(help="A host the agent may reach (its model API); "
                                                               "repeatable. Default: no network at all.")] = None,
 ) -> None:
@@ -52,7 +55,7 @@ def export_harbor_command(
         raise UserInputError(f"--data {data!r} is not a data mode", hint="use auto, copy or mount")
     options = ExportOptions(time_limit_s=parse_duration(time_limit), cpus=cpus, memory_gb=memory_gb, gpus=gpus,
                             storage_gb=storage_gb, data=data, copy_limit_gb=copy_limit_gb,  # type: ignore[arg-type]
-                            base_image=base_image, allowed_hosts=tuple(allow_host or ()))
+                            base_image=base_image, allowed_hosts=tuple(allow_host or ()), pip_install=install)
     exported = export_tasks(select_tasks(tasks), out, options=options)
     for task in exported:
         console.print(f"{task.task_id}: {task.folder} (public data {task.data}, "

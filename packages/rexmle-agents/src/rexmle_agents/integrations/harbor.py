@@ -80,6 +80,7 @@ class ExportOptions:
     data: Literal["auto", "copy", "mount"] = "auto"
     copy_limit_gb: float = 2.0  # auto: copy public data up to this size, mount anything larger
     base_image: str = "python:3.11-slim"
+    pip_install: bool = True  # False: base_image already holds rexmle_grade's requirements (nothing downloaded)
     allowed_hosts: tuple[str, ...] = ()  # non-empty: network "allowlist" (e.g. an agent's model API) instead of off
     verifier_timeout_s: float = 3600.0
     org: str = "rexmle"
@@ -221,16 +222,22 @@ def _pins() -> list[str]:
 
 def _dockerfile(options: ExportOptions, *, copy_data: bool) -> str:
     pins = " \\\n    ".join(_pins())
+    install = (f"RUN pip install --no-cache-dir \\\n    {pins}" if options.pip_install else
+               "# rexmle_grade's requirements come with the base image (exported with --no-install):\n#   "
+               + " ".join(_pins()))
     data = (f"COPY data/ {WORKSPACE}/data/\nRUN chmod -R a-w {WORKSPACE}/data" if copy_data
             else f"# the public data is mounted read-only at {WORKSPACE}/data (docker-compose.yaml, ${DATA_DIR_ENV})")
     return f"""# rexmle task image: Python with rexmle's grader (validation for the agent, grading for the verifier)
 FROM {options.base_image}
-RUN pip install --no-cache-dir \\
-    {pins}
+{install}
 COPY rexmle/ {RUNTIME_DIR}/
 ENV PYTHONPATH={RUNTIME_DIR} PYTHONDONTWRITEBYTECODE=1
 # the agent works as an unprivileged user: it can neither change the data nor the grader under {RUNTIME_DIR}
-RUN useradd --create-home --uid 1000 {AGENT_USER} \\
+# (useradd where the image has it, else the account written directly: minimal images lack the shadow tools)
+RUN (useradd --create-home --uid 1000 {AGENT_USER} 2>/dev/null \\
+     || (echo "{AGENT_USER}:x:1000:1000::/home/{AGENT_USER}:/bin/sh" >> /etc/passwd \\
+         && echo "{AGENT_USER}:x:1000:" >> /etc/group && mkdir -p /home/{AGENT_USER} \\
+         && chown 1000:1000 /home/{AGENT_USER})) \\
     && mkdir -p {WORKSPACE}/working {SUBMISSION} {WORKSPACE}/data \\
     && chown {AGENT_USER}:{AGENT_USER} {WORKSPACE}/working {SUBMISSION}
 {data}
