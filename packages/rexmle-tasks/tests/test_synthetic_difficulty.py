@@ -32,13 +32,32 @@ def test_the_easy_source_record_is_what_it_was_before_difficulties() -> None:
     assert requested_source(task, synthetic=True, cases=None, seed=0) == {"synthetic": True, "cases": 12, "seed": 0}
 
 
-def test_a_difficulty_needs_synthetic_data_and_a_family_that_has_it() -> None:
+@pytest.fixture
+def easy_only_family(monkeypatch: pytest.MonkeyPatch) -> str:
+    """RAVIR's family standing in for a plug-in family whose mirror has only the easy difficulty."""
+    monkeypatch.setattr(type(get_task("ravir").family()), "synthetic_difficulties", ("easy",))
+    return "ravir"
+
+
+def test_every_built_in_family_has_a_realistic_mirror() -> None:
+    for task in all_tasks().values():
+        assert "realistic" in task.family().synthetic_difficulties, task.id
+
+
+def test_the_realistic_mirror_has_its_own_default_size() -> None:
+    task = get_task("ldct-iqa")
+    assert requested_source(task, synthetic=True, cases=None, seed=0, difficulty="realistic")["cases"] == 120
+    assert requested_source(task, synthetic=True, cases=None, seed=0)["cases"] == 12
+    assert requested_source(task, synthetic=True, cases=30, seed=0, difficulty="realistic")["cases"] == 30
+
+
+def test_a_difficulty_needs_synthetic_data_and_a_family_that_has_it(easy_only_family: str) -> None:
     with pytest.raises(UserInputError, match="unknown synthetic difficulty"):
         check_difficulty(get_task("ldct-iqa"), "hard", synthetic=True)
     with pytest.raises(UserInputError, match="synthetic data only"):
         check_difficulty(get_task("isles22"), "realistic", synthetic=False)
     with pytest.raises(UserInputError, match="has no 'realistic' difficulty"):
-        check_difficulty(get_task("ravir"), "realistic", synthetic=True)
+        check_difficulty(get_task(easy_only_family), "realistic", synthetic=True)
     check_difficulty(get_task("isles22"), "realistic", synthetic=True)
 
 
@@ -107,7 +126,8 @@ def test_the_prepared_description_names_the_validation_metric(tmp_path: Path) ->
     assert "## Validation metric\n\nMeasure `score` (higher is better" in text
 
 
-def test_the_prepare_command_takes_a_difficulty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_prepare_command_takes_a_difficulty(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               easy_only_family: str) -> None:
     from rexmle_grade.cli import main
 
     code = main(["--data-dir", str(tmp_path), "prepare", "ldct-iqa", "--difficulty", "realistic"])
@@ -115,5 +135,5 @@ def test_the_prepare_command_takes_a_difficulty(tmp_path: Path, capsys: pytest.C
     code = main(["--data-dir", str(tmp_path), "prepare", "ldct-iqa", "--synthetic", "--cases", "6",
                  "--difficulty", "realistic"])
     assert code == 0 and "realistic" in capsys.readouterr().out
-    code = main(["--data-dir", str(tmp_path), "prepare", "ravir", "--synthetic", "--difficulty", "realistic"])
+    code = main(["--data-dir", str(tmp_path), "prepare", easy_only_family, "--synthetic", "--difficulty", "realistic"])
     assert code == 2 and "has no 'realistic' difficulty" in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """``rexmle demo``: the benchmark's main job on built-in synthetic data — offline, no API key, no GPU.
 
 For a 3-D segmentation task and a 2-D task of another type (by default ISLES'22 and LDCT-IQA): write the synthetic
-mirror of the download, prepare the task, check it for leaks, then run two agents through the harness, each in
-the sandbox — ``baseline`` (an expert pipeline of rexmle-baselines, quick configuration) and ``sample`` (the
+mirror of the download (``realistic`` by default: the real data's confounders, where a trained model and a
+heuristic stand apart), prepare the task, check it for leaks, then run three agents through the harness, each in
+the sandbox — ``baseline`` (an expert pipeline of rexmle-baselines, quick configuration), ``heuristic`` (the
+``baseline`` agent running the task's simple heuristic: a threshold or an image statistic) and ``sample`` (the
 sample submission, the floor) — grade every run outside the sandbox, rank it against the human leaderboard and
 print one report. ``--graders-only`` runs the older grading check instead: every task's sample and gold
 submissions graded and ranked, without agents.
@@ -30,7 +32,9 @@ if TYPE_CHECKING:  # imported when a demo runs, not when any `rexmle` command st
 
 console = Console()
 DEFAULT_TASKS = "isles22,ldct-iqa"  # a 3-D segmentation task and a 2-D regression task
-DEFAULT_AGENTS = "baseline,sample"
+DEFAULT_AGENTS = "baseline,heuristic,sample"
+# shorthands of --agents: the ``baseline`` agent running a named pipeline
+AGENT_SHORTHANDS = {"heuristic": {"baseline": "heuristic"}}
 
 
 def demo_command(
@@ -38,6 +42,8 @@ def demo_command(
     agents: Annotated[str, typer.Option(help="Agents to run on every task.")] = DEFAULT_AGENTS,
     config: Annotated[str, typer.Option(help="Baseline configuration: quick (CPU, minutes) or full (GPU).")] = "quick",
     cases: Annotated[int | None, typer.Option(help="Synthetic cases per task (default: each task's own).")] = None,
+    difficulty: Annotated[str, typer.Option(help="Synthetic mirror: realistic (the real data's confounders) or "
+                                                 "easy (clean contrasts, faster).")] = "realistic",
     seed: Annotated[int, typer.Option(help="Seed of the synthetic data and of the runs.")] = 0,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Runs at once.")] = 1,
     sandbox: Annotated[str, typer.Option(help="auto | bwrap | apptainer | docker | none.")] = "auto",
@@ -68,6 +74,7 @@ def demo_command(
         return
     outcomes = run_main_job(ids, [a.strip() for a in agents.split(",") if a.strip()], root=root,
                             runs_dir=runs_dir or root / "demo-runs", config=config, cases=cases, seed=seed,
+                            difficulty=difficulty,
                             workers=workers, sandbox=sandbox, allow_unsandboxed=allow_unsandboxed,
                             time_limit=time_limit, force=force)
     from rexmle_agents.cli import write_group_report
@@ -86,7 +93,7 @@ def demo_command(
 
 def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir: Path, config: str,
                  cases: int | None, seed: int, workers: int, sandbox: str, allow_unsandboxed: bool,
-                 time_limit: str, force: bool) -> list[RunOutcome]:
+                 time_limit: str, force: bool, difficulty: str = "realistic") -> list[RunOutcome]:
     import shutil
 
     from rexmle_agents.executors import run_specs
@@ -102,9 +109,10 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
         dirs = task_dirs(task, root)
         step_started = time.perf_counter()
         info = prepared_info(dirs)
-        if force or info is None or not info.synthetic:
-            console.print(f"[bold]({n}/{len(task_ids)}) {escape(task_id)}[/]: preparing synthetic data")
-            info = prepare_task(task, dirs, synthetic=True, cases=cases, seed=seed, force=True)
+        if force or info is None or not info.synthetic or (info.difficulty or "easy") != difficulty:
+            console.print(f"[bold]({n}/{len(task_ids)}) {escape(task_id)}[/]: preparing synthetic data ({difficulty})")
+            info = prepare_task(task, dirs, synthetic=True, cases=cases, seed=seed, force=True,
+                                difficulty=difficulty)
         problems = check_task(task, dirs)
         if problems:
             raise RexmleError(f"leak check failed for {task_id}: " + "; ".join(problems))
@@ -116,15 +124,18 @@ def run_main_job(task_ids: list[str], agents: list[str], *, root: Path, runs_dir
     specs = []
     for task_id in task_ids:
         for agent in agents:
-            agent_config = {"config": config} if agent == "baseline" else {}
-            specs.append(build_spec(task_id, agent=agent, agent_config=agent_config, seed=seed, limits=limits,
+            shorthand = AGENT_SHORTHANDS.get(agent)
+            agent_config = ({"config": config, **(shorthand or {})} if agent == "baseline" or shorthand else {})
+            specs.append(build_spec(task_id, agent="baseline" if shorthand else agent, agent_config=agent_config,
+                                    seed=seed, limits=limits,
                                     sandbox=sandbox, allow_unsandboxed=allow_unsandboxed, data_root=root,
                                     group="demo"))
     console.print(f"running {len(specs)} run(s) through the harness ({escape(specs[0].sandbox)} sandbox) in "
                   f"{escape(str(runs_dir / 'demo'))}")
     for spec in specs:
         if spec.agent == "baseline":
-            console.print(f"    baseline agent on {escape(spec.task_id)}: {escape(baseline_name(spec.task_id))} "
+            named = spec.agent_config.get("baseline") or baseline_name(spec.task_id)
+            console.print(f"    baseline agent on {escape(spec.task_id)}: {escape(str(named))} "
                           f"({escape(config)} configuration)")
 
     def progress(outcome: RunOutcome) -> None:

@@ -158,6 +158,9 @@ class TaskMetadata(_Strict):
     split: SplitSpec
     leaderboard: LeaderboardInfo | None = None
     synthetic_cases: int = Field(default=10, ge=4)
+    # labelled cases of the realistic mirror when none are asked for (None: synthetic_cases): enough for the quick
+    # trained baseline to learn the confounders a heuristic cannot, within CPU minutes (issue 36)
+    realistic_cases: int | None = Field(default=None, ge=4)
     # GPU-hours of the published ("full") recipe of the task's preferred expert baseline on one GPU: a planning
     # estimate (rexmle-baselines' README, "Times"), not a measurement. The lite split is chosen from it
     # (rexmle_tasks.lite); None leaves the task out of the lite split.

@@ -141,7 +141,8 @@ def requested_source(task: Task, *, synthetic: bool, cases: int | None, seed: in
     ``easy`` difficulty is left out, so that mirrors written before difficulties existed still match."""
     if not synthetic:
         return {"synthetic": False}
-    return {"synthetic": True, "cases": cases or task.meta.synthetic_cases, "seed": seed,
+    default = task.meta.realistic_cases if difficulty == "realistic" else None
+    return {"synthetic": True, "cases": cases or default or task.meta.synthetic_cases, "seed": seed,
             **({"difficulty": difficulty} if difficulty != "easy" else {})}
 
 
