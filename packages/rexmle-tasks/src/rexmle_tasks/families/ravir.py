@@ -9,13 +9,17 @@ Download (Google Drive, placed by hand as ``raw/downloads/ravir.zip``; metrics/d
 The official test masks are not public, so the 23 labelled images are re-split; the 19 unlabelled official test
 images are offered as extra unlabelled training images. Archives downloaded before 16 Aug 2022 hold a duplicate
 ``IR_Case_002``, which is left out wherever it appears. Case id = file stem.
+
+Synthetic mirrors: ``easy`` (128 x 128, vessels told apart by their darkness) and ``realistic`` (384 x 384, the real
+images' confounders; section "the realistic mirror").
 """
 
 from __future__ import annotations
 
 import logging
+from itertools import pairwise
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -90,6 +94,7 @@ def check_mask(path: Path) -> None:
 @register_family
 class RavirFamily(TaskFamily):
     name: ClassVar[str] = "ravir"
+    synthetic_difficulties: ClassVar[tuple[str, ...]] = ("easy", "realistic")
 
     def case_ids(self, raw: Path) -> list[str]:
         return sorted(labelled_pairs(find_dataset(raw)))
@@ -118,17 +123,19 @@ class RavirFamily(TaskFamily):
         return TestManifest(ids=tuple(ctx.split.test), geometry=geometry)
 
     # ---- synthetic mirror --------------------------------------------------------------------------------------
-    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
-        """``cases`` labelled images (named like the real labelled ones) and two unlabelled official test images."""
+    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int, difficulty: str = "easy") -> None:
+        """``cases`` labelled images (named like the real labelled ones) and two unlabelled official test images;
+        ``difficulty=realistic`` draws them with :func:`realistic_fundus` (the section "the realistic mirror")."""
         rng = np.random.default_rng(seed)
+        make = realistic_fundus if difficulty == "realistic" else synthetic_fundus
         names = list(LABELLED_CASES[:cases]) + [f"IR_Case_{n:03d}" for n in range(61, 61 + cases - len(LABELLED_CASES))]
         members = []
         for name in names:
-            image, mask = synthetic_fundus(rng)
+            image, mask = make(rng)
             members.append((f"{TOP_FOLDER}/train/training_images/{name}.png", encode_image(image, ".png")))
             members.append((f"{TOP_FOLDER}/train/training_masks/{name}.png", encode_image(mask, ".png")))
         for name in ("IR_Case_006", "IR_Case_060"):
-            members.append((f"{TOP_FOLDER}/test/{name}.png", encode_image(synthetic_fundus(rng)[0], ".png")))
+            members.append((f"{TOP_FOLDER}/test/{name}.png", encode_image(make(rng)[0], ".png")))
         write_zip(downloads / ARCHIVE, members)
 
 
@@ -171,3 +178,204 @@ def synthetic_fundus(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
             image[vessel] = image[vessel] - contrast
     image = ndimage.gaussian_filter(image, 0.6) + rng.normal(0, 4, shape)
     return to_uint8(image), mask
+
+
+# ---- the realistic mirror ----------------------------------------------------------------------------------------
+# What makes real RAVIR hard for a threshold (metrics/dentex_us_ldct.md §5: 768x768 8-bit infrared SLO, 815 nm,
+# Heidelberg Spectralis, 30 degree field, 12.5 um a pixel; masks 0 / 128 artery / 255 vein):
+#
+# - arteries and veins have the same kind of dark profile: veins are darker and wider, but every vessel tapers from
+#   the disc outwards and each image has its own contrast, so a distal vein is as thin and as dark as a proximal
+#   artery of another image; what tells them apart locally is the central light reflex of the wider arteries
+#   (a bright stripe along the middle of the vessel) and the vessel it branches from;
+# - arteries and veins of one arcade leave the optic disc side by side and cross each other;
+# - thin vessels (25-50 um) are at the resolution limit: faint, spread over a pixel or two, and their
+#   faded ends are left out of the masks (annotators stop where the vessel stops being sure);
+# - the optic disc is a bright oval (vessels on it are labelled) with a darker peripapillary crescent, the macula is
+#   darker, the choroidal vessels show through as a faint network of soft dark bands (stronger in lightly pigmented
+#   eyes), illumination falls off towards an off-centre vignette and along a gradient, the raster scan leaves
+#   line-to-line gain changes, focus and noise (the number of averaged frames) differ from image to image.
+#
+# Anatomy is drawn in the coordinates of the real 768 x 768 grid and rendered on a 384 x 384 grid (25 um a pixel, the
+# real image halved), so that a small network trains on it in CPU minutes; major veins are then 6-8 pixels wide,
+# major arteries 4-6, the thinnest labelled vessels one pixel. The default 10 cases give 8 training and 2 test
+# images; the ladder is measured on 12 (9 and 3).
+REALISTIC_SIZE = 384
+REAL_SIZE = 768
+_RADIUS_BINS = (0.0, 1.8, 3.0, 4.5, np.inf)  # centre lines grouped by radius (real pixels), one distance map each
+_MARGIN = 40.0  # centre lines may run this far outside the field before they end
+
+
+def _walk(rng: np.random.Generator, start: np.ndarray, heading: float, length: float,
+          bend: float) -> tuple[np.ndarray, np.ndarray]:
+    """(points (n, 2), headings (n,)) of a gently curving centre line, one real pixel a step, cut where it leaves
+    the field (plus a margin)."""
+    n = max(int(length), 2)
+    headings = heading + np.cumsum(bend + ndimage.gaussian_filter1d(rng.normal(0, 0.04, n), 8))
+    points = start + np.cumsum(np.stack([np.sin(headings), np.cos(headings)], axis=1), axis=0)
+    outside = np.flatnonzero(((points < -_MARGIN) | (points > REAL_SIZE + _MARGIN)).any(axis=1))
+    stop = int(outside[0]) if outside.size else n
+    return points[:stop], headings[:stop]
+
+
+class _Vessel(NamedTuple):
+    points: np.ndarray  # (n, 2) centre line, real pixels (row, col)
+    radii: np.ndarray  # (n,) real pixels
+    artery: bool
+    traced: int  # the annotator traced the first ``traced`` points
+
+
+def _vessel_tree(rng: np.random.Generator, start: np.ndarray, heading: float, radius: float, length: float,
+                 bend: float, artery: bool, depth: int = 0) -> list[_Vessel]:
+    """One vessel and its branches: radii taper along the vessel and drop after each branch; a thin vessel's faded
+    end is not traced by the annotator."""
+    points, headings = _walk(rng, start, heading, length, bend)
+    if len(points) < 2:
+        return []
+    radii = radius * np.linspace(1.0, rng.uniform(0.55, 0.75), len(points))
+    out = []
+    if depth < 3:
+        position = int(rng.uniform(40, 140))
+        while position < len(points) - 30:
+            child = radii[position] * rng.uniform(0.5, 0.8)
+            if child >= 1.0:
+                turn = rng.choice([-1.0, 1.0]) * rng.uniform(0.45, 1.2)
+                out += _vessel_tree(rng, points[position], float(headings[position] + turn), child,
+                                    rng.uniform(25, 70) * child, rng.normal(0, 0.002), artery, depth + 1)
+                radii[position:] *= rng.uniform(0.88, 0.97)
+            position += int(rng.uniform(60, 180))
+    radii = np.maximum(radii, 0.9)
+    traced = len(points) if radius >= 2.2 else int(len(points) * rng.uniform(0.6, 1.0))
+    return [_Vessel(points, radii, artery, traced), *out]
+
+
+def _fundus_anatomy(rng: np.random.Generator) -> tuple[list[_Vessel], dict[str, Any]]:
+    """The vessel trees of one eye and where its optic disc and fovea lie (real pixels)."""
+    side = rng.choice([-1.0, 1.0])  # the disc's side: left or right eye
+    disc = np.array([REAL_SIZE / 2 + rng.uniform(-70, 70), REAL_SIZE / 2 + side * rng.uniform(130, 330)])
+    disc_radius = rng.uniform(58, 78)  # a 1.5-1.9 mm disc
+    temporal = 0.0 if side < 0 else np.pi  # the direction from the disc towards the macula
+    fovea = disc + 2.6 * 2 * disc_radius * np.array([np.sin(temporal), np.cos(temporal)]) + rng.normal(0, 20, 2)
+    vessels = []
+    # two temporal arcades arching around the macula and two or three nasal pairs, each an artery beside a vein
+    arcades = [(temporal + s * rng.uniform(0.8, 1.2), -s * rng.uniform(0.0007, 0.0013), rng.uniform(650, 900))
+               for s in (-1.0, 1.0)]
+    arcades += [(temporal + np.pi + rng.uniform(-1.3, 1.3), rng.normal(0, 0.001), rng.uniform(300, 500))
+                for _ in range(int(rng.integers(2, 4)))]
+    for k, (heading, bend, length) in enumerate(arcades):
+        scale = 1.0 if k < 2 else rng.uniform(0.6, 0.8)  # the temporal arcades carry the widest vessels
+        for artery in (False, True):
+            offset = rng.uniform(0.1, 0.3) * rng.choice([-1.0, 1.0])
+            start = disc + rng.normal(0, 0.2 * disc_radius, 2)
+            radius = scale * (rng.uniform(4.5, 5.5) if artery else rng.uniform(6.0, 7.5))  # 110-190 um wide
+            vessels += _vessel_tree(rng, start, heading + offset, radius, length, bend + rng.normal(0, 4e-4), artery)
+    return vessels, {"side": side, "disc": disc, "disc_radius": disc_radius, "fovea": fovea}
+
+
+def _nearest_centre(vessels: list[_Vessel], artery: bool,
+                    shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(d / r, r, traced) per pixel of the mirror's grid for one class, ``r`` in the grid's pixels: the relative
+    distance to the centre line whose tube reaches deepest (a thin branch never cuts a hole in its parent), that
+    line's radius, and whether it is annotated there. Centre points keep their sub-pixel position, so thin vessels
+    come out smooth without rendering on a finer grid."""
+    best = np.full(shape, np.inf)
+    best_radius = np.ones(shape)
+    best_traced = np.zeros(shape, dtype=bool)
+    chosen = [v for v in vessels if v.artery == artery]
+    if not chosen:
+        return best, best_radius, best_traced
+    scale = shape[0] / REAL_SIZE
+    points = np.concatenate([v.points for v in chosen]) * scale
+    radii = np.concatenate([v.radii for v in chosen])
+    traced = np.concatenate([np.arange(len(v.points)) < v.traced for v in chosen])
+    pixels = np.rint(points).astype(int)
+    inside = ((pixels >= 0) & (pixels < np.array(shape))).all(axis=1)
+    points, pixels, radii, traced = points[inside], pixels[inside], radii[inside], traced[inside]
+    rows, cols = np.indices(shape, dtype=float)
+    for low, high in pairwise(_RADIUS_BINS):
+        pick = np.flatnonzero((radii >= low) & (radii < high))
+        if not pick.size:
+            continue
+        owner = np.full(shape, -1)
+        owner[pixels[pick, 0], pixels[pick, 1]] = pick  # one centre point per pixel (the last drawn)
+        near = ndimage.distance_transform_edt(owner < 0, return_distances=False, return_indices=True)
+        nearest = owner[near[0], near[1]]
+        radius = radii[nearest] * scale
+        relative = np.hypot(rows - points[nearest, 0], cols - points[nearest, 1]) / radius
+        closer = relative < best
+        best[closer] = relative[closer]
+        best_radius[closer] = radius[closer]
+        best_traced[closer] = traced[nearest][closer]
+    return best, best_radius, best_traced
+
+
+def _soft_ellipse(shape: tuple[int, int], centre: np.ndarray, radii: tuple[float, float], edge: float) -> np.ndarray:
+    rows, cols = np.ogrid[: shape[0], : shape[1]]
+    r = np.hypot((rows - centre[0]) / radii[0], (cols - centre[1]) / radii[1])
+    return 1.0 / (1.0 + np.exp((r - 1.0) * min(radii) / edge))
+
+
+#: the thinnest tube drawn or traced on the mirror's grid (pixels): thinner vessels are spread to this radius with
+#: their absorption kept, as the scanner's point spread does, and annotated one pixel wide
+_MIN_RADIUS = 0.75
+
+
+def realistic_fundus(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(8-bit 384 x 384 infrared image, 0/128/255 mask) of the realistic mirror; see the section's comment."""
+    shape = (REALISTIC_SIZE, REALISTIC_SIZE)
+    scale = REALISTIC_SIZE / REAL_SIZE  # anatomy is drawn in real pixels
+    vessels, eye = _fundus_anatomy(rng)
+    vein_contrast = rng.uniform(0.22, 0.4)
+    transmitted = np.ones(shape)
+    relative, traced = {}, {}
+    for artery in (False, True):
+        u, radius, traced[artery] = _nearest_centre(vessels, artery, shape)
+        spread = np.maximum(radius, _MIN_RADIUS)
+        relative[artery] = u * radius / spread
+        u = relative[artery]
+        real_radius = radius / scale
+        contrast = vein_contrast * (rng.uniform(0.8, 1.0) if artery else 1.0)
+        absorbed = (contrast * np.minimum(1.0, (real_radius / 4.0) ** 0.7) * radius / spread
+                    * np.sqrt(np.clip(1.0 - u**2, 0.0, 1.0)))
+        reflex = rng.uniform(0.75, 1.0) if artery else rng.uniform(0.0, 0.12)
+        absorbed *= 1.0 - reflex * np.exp(-((u / 0.5) ** 2)) * np.clip((real_radius - 1.5) / 2.0, 0.0, 1.0)
+        transmitted *= 1.0 - absorbed
+    # the fundus behind the vessels
+    background = 1.0 + 0.02 * smooth_noise(rng, shape, 1)
+    bands = np.exp(-((smooth_noise(rng, shape, 7) / 0.3) ** 2))
+    background -= rng.uniform(0.0, 0.12) * ndimage.gaussian_filter(bands, 1.5)
+    disc, disc_radius = eye["disc"] * scale, eye["disc_radius"] * scale
+    background += rng.uniform(0.3, 0.7) * _soft_ellipse(shape, disc, (1.1 * disc_radius, disc_radius), 3)
+    cup = disc + rng.normal(0, 0.15 * disc_radius, 2)
+    background += rng.uniform(0.1, 0.3) * _soft_ellipse(shape, cup, (0.5 * disc_radius, 0.45 * disc_radius), 2.5)
+    rows, cols = np.indices(shape, dtype=float)
+    angle = np.arctan2(rows - disc[0], cols - disc[1])
+    crescent = _soft_ellipse(shape, disc, (1.4 * disc_radius, 1.3 * disc_radius), 3) - \
+        _soft_ellipse(shape, disc, (1.1 * disc_radius, disc_radius), 2)
+    facing = np.cos(angle - (0.0 if eye["side"] < 0 else np.pi))  # the crescent lies on the temporal rim
+    background -= rng.uniform(0.05, 0.2) * crescent * np.clip(facing, 0.0, 1.0)
+    fovea = eye["fovea"] * scale
+    background -= rng.uniform(0.05, 0.15) * np.exp(-((rows - fovea[0]) ** 2 + (cols - fovea[1]) ** 2) / (2 * 35.0**2))
+    half = REALISTIC_SIZE / 2
+    centre = half + rng.uniform(-75, 75, 2)
+    vignette = 1.0 - rng.uniform(0.15, 0.45) * ((rows - centre[0]) ** 2 + (cols - centre[1]) ** 2) / half**2
+    direction = rng.normal(size=2)
+    direction /= np.linalg.norm(direction)
+    gradient = 1.0 + rng.uniform(0.0, 0.2) * ((rows - half) * direction[0] + (cols - half) * direction[1]) / half
+    image = background * transmitted * np.clip(vignette, 0.2, None) * gradient
+    image = ndimage.gaussian_filter(image, rng.uniform(0.3, 0.8))  # focus
+    image *= 1.0 + ndimage.gaussian_filter1d(rng.normal(0, rng.uniform(0.005, 0.02), REALISTIC_SIZE), 0.7)[:, None]
+    image *= rng.uniform(70, 140) / np.median(image)
+    image += rng.normal(0, rng.uniform(2.0, 7.0), image.shape)
+    return to_uint8(image), _realistic_mask(relative, traced)
+
+
+def _realistic_mask(relative: dict[bool, np.ndarray], traced: dict[bool, np.ndarray]) -> np.ndarray:
+    """The annotation: vessel pixels of traced vessels, each taking the class of the vessel nearer its centre line
+    there (the upper vessel of a crossing)."""
+    artery = (relative[True] <= 1.0) & traced[True]
+    vein = (relative[False] <= 1.0) & traced[False]
+    mask = np.full(artery.shape, BACKGROUND, dtype=np.uint8)
+    mask[vein] = VEIN
+    mask[artery & (~vein | (relative[True] < relative[False]))] = ARTERY
+    return mask
