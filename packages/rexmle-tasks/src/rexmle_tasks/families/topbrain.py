@@ -13,6 +13,10 @@ Real download (DATA_LAYOUTS.md §2): ``TopBrain_Data_Release_Batches1n2_081425.z
 its content moved up into ``raw/`` (the original release does that): :func:`find_release_root` accepts all three.
 Case ids are the label stems; the split groups cases by patient number.
 
+Synthetic mirrors: ``easy`` and ``realistic`` (``--difficulty realistic``: the confounders listed in
+:mod:`rexmle_tasks.families.vessels`, on grids of about 52-72 voxels a side with thick slices, so that a small 3-D
+network trains on them in CPU minutes; same files and labels).
+
 Task options (task.yaml): ``modality`` ``ct`` (track 1) or ``mr`` (track 2).
 
 Prepared layout: ``public/train/images/<id>_0000.nii.gz``, ``public/train/labels/<id>.nii.gz``,
@@ -38,11 +42,15 @@ from rexmle_tasks.families.vessels import (
     TOF_MR_ANGIOGRAPHY,
     TOPBRAIN_LABEL_NAMES,
     FrameSpec,
+    HeadPose,
+    RealisticFrames,
     ReleaseCase,
     VesselReleaseFamily,
     find_release_root,
     make_patient,
+    make_realistic_patient,
     publish,
+    realistic_angiogram,
     render_vessels,
     rng_for,
     synthesize_image,
@@ -67,7 +75,10 @@ FRAMES = {
                     inplane_mm=(0.25, 0.40), slice_mm=(0.5, 0.7)),
 }
 CONTRASTS = {"ct": CT_ANGIOGRAPHY, "mr": TOF_MR_ANGIOGRAPHY}
+REALISTIC_FRAMES = {modality: RealisticFrames(spec, window_shift=0.04, zoom=(0.92, 1.08), slice_ratio=(1.0, 1.6))
+                    for modality, spec in FRAMES.items()}
 FAMILY_KEY = 2
+REALISTIC_KEY = 36  # the realistic mirror's random streams are apart from the easy one's
 MODALITY_KEYS = {"ct": 1, "mr": 2}
 LICENCE = """TopBrain 2025 data release, batches 1 and 2 (synthetic mirror written by rexmle; no real patient data).
 
@@ -101,8 +112,9 @@ def itksnap_label_description(names: dict[int, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_release(folder: Path, *, patients: tuple[str, ...], seed: int) -> None:
-    """The synthetic release tree: CTA and MRA of every patient with their TopBrain label maps."""
+def write_release(folder: Path, *, patients: tuple[str, ...], seed: int, realistic: bool = False) -> None:
+    """The synthetic release tree: CTA and MRA of every patient with their TopBrain label maps (``realistic``: the
+    realistic mirror of :mod:`rexmle_tasks.families.vessels`, same layout)."""
     top = folder / TOP_FOLDER
     (top / LABEL_MAP_FOLDER).mkdir(parents=True)
     (top / "License.txt").write_text(LICENCE)
@@ -110,18 +122,26 @@ def write_release(folder: Path, *, patients: tuple[str, ...], seed: int) -> None
         (top / LABEL_MAP_FOLDER / f"labelmap_topbrain_{modality}.txt").write_text(
             itksnap_label_description(TOPBRAIN_LABEL_NAMES[modality]))
     label_maps = {modality: topbrain_label_map(modality) for modality in MODALITIES}
+    family_keys = (FAMILY_KEY, REALISTIC_KEY) if realistic else (FAMILY_KEY,)
     for patient_id in patients:
         number = int(patient_id)
-        patient = make_patient(rng_for(seed, FAMILY_KEY, number))
+        patient = (make_realistic_patient if realistic else make_patient)(rng_for(seed, *family_keys, number))
         for modality in MODALITIES:
-            rng = rng_for(seed, FAMILY_KEY, number, MODALITY_KEYS[modality])
-            frame = FRAMES[modality].sample(rng)
-            rendering = render_vessels(patient, frame, label_maps[modality])
-            thicken_vanishing_labels(rendering.labels)
+            rng = rng_for(seed, *family_keys, number, MODALITY_KEYS[modality])
+            if realistic:
+                frame = REALISTIC_FRAMES[modality].sample(rng)
+                pose = HeadPose.sample(rng)
+                rendering = render_vessels(pose.seen(patient), frame, label_maps[modality])
+                thicken_vanishing_labels(rendering.labels)
+                image = realistic_angiogram(rendering, frame, pose, modality, rng)
+            else:
+                frame = FRAMES[modality].sample(rng)
+                rendering = render_vessels(patient, frame, label_maps[modality])
+                thicken_vanishing_labels(rendering.labels)
+                image = synthesize_image(rendering, frame, CONTRASTS[modality], rng)
             case_id = f"topcow_{modality}_{patient_id}"
             geometry = frame.grid.geometry
-            write_volume(top / images_folder(modality) / f"{case_id}{IMAGE_SUFFIX}",
-                         synthesize_image(rendering, frame, CONTRASTS[modality], rng), geometry)
+            write_volume(top / images_folder(modality) / f"{case_id}{IMAGE_SUFFIX}", image, geometry)
             write_volume(top / labels_folder(modality) / f"{case_id}{LABEL.suffix}", rendering.labels, geometry)
 
 

@@ -13,6 +13,10 @@ Real download (DATA_LAYOUTS.md §1): ``TopCoW2024_Data_Release.zip`` unpacks to:
 are the label stems (``topcow_ct_001``); the split groups cases by patient number, and all six tasks share one
 split seed, so a patient is a test case in all of them or in none.
 
+Synthetic mirrors: ``easy`` and ``realistic`` (``--difficulty realistic``: the confounders listed in
+:mod:`rexmle_tasks.families.vessels`, on grids of about 52-72 voxels a side with thick slices, so that a small 3-D
+network trains on them in CPU minutes; same files and labels).
+
 Task options (task.yaml): ``modality`` ``ct`` (track 1) or ``mr`` (track 2); ``task`` ``seg`` (task 1: label
 map, scored inside the hidden ROI), ``roi`` (task 2: ROI box) or ``edges`` (task 3: edge lists).
 
@@ -40,12 +44,16 @@ from rexmle_tasks.families.vessels import (
     TOPCOW_LABEL_MAP,
     Annotation,
     FrameSpec,
+    HeadPose,
+    RealisticFrames,
     ReleaseCase,
     VesselReleaseFamily,
     edges_yaml,
     find_release_root,
     make_patient,
+    make_realistic_patient,
     publish,
+    realistic_angiogram,
     render_vessels,
     rng_for,
     roi_box,
@@ -72,7 +80,10 @@ FRAMES = {
                     inplane_mm=(0.25, 0.45), slice_mm=(0.4, 0.8)),
 }
 CONTRASTS = {"ct": CT_ANGIOGRAPHY, "mr": TOF_MR_ANGIOGRAPHY}
+REALISTIC_FRAMES = {modality: RealisticFrames(spec, window_shift=0.09, zoom=(0.88, 1.12), slice_ratio=(1.0, 1.8))
+                    for modality, spec in FRAMES.items()}
 FAMILY_KEY = 1
+REALISTIC_KEY = 36  # the realistic mirror's random streams are apart from the easy one's
 MODALITY_KEYS = {"ct": 1, "mr": 2}
 EDGE_ORDER_KEY = 3
 LICENCE = """TopCoW 2024 data release (synthetic mirror written by rexmle; no real patient data).
@@ -82,29 +93,40 @@ commercial use requires permission of the data owner (University Hospital Zurich
 """
 
 
-def write_release(folder: Path, *, patients: tuple[str, ...], seed: int) -> None:
-    """The synthetic release tree: both modalities of every patient, with labels, ROI txt and edge YAML."""
+def write_release(folder: Path, *, patients: tuple[str, ...], seed: int, realistic: bool = False) -> None:
+    """The synthetic release tree: both modalities of every patient, with labels, ROI txt and edge YAML
+    (``realistic``: the realistic mirror of :mod:`rexmle_tasks.families.vessels`, same layout)."""
     top = folder / TOP_FOLDER
     top.mkdir(parents=True)
     (top / "License.txt").write_text(LICENCE)
     for folder_name in RELEASE_FOLDERS.values():
         (top / folder_name).mkdir()
+    family_keys = (FAMILY_KEY, REALISTIC_KEY) if realistic else (FAMILY_KEY,)
     for patient_id in patients:
         number = int(patient_id)
-        patient = make_patient(rng_for(seed, FAMILY_KEY, number))
+        make = make_realistic_patient if realistic else make_patient
+        patient = make(rng_for(seed, *family_keys, number))
         # the CTA and MRA files of one patient carry the same edge list, written identically
-        edges = edges_yaml(patient.variant.edge_lists(), shuffled_edge_keys(rng_for(seed, FAMILY_KEY, number,
+        edges = edges_yaml(patient.variant.edge_lists(), shuffled_edge_keys(rng_for(seed, *family_keys, number,
                                                                                     EDGE_ORDER_KEY)))
         for modality in MODALITIES:
-            rng = rng_for(seed, FAMILY_KEY, number, MODALITY_KEYS[modality])
-            frame = FRAMES[modality].sample(rng)
-            rendering = render_vessels(patient, frame, TOPCOW_LABEL_MAP)
+            rng = rng_for(seed, *family_keys, number, MODALITY_KEYS[modality])
             case_id = f"topcow_{modality}_{patient_id}"
+            if realistic:
+                frame = REALISTIC_FRAMES[modality].sample(rng)
+                pose = HeadPose.sample(rng)
+                seen = pose.seen(patient)
+                rendering = render_vessels(seen, frame, TOPCOW_LABEL_MAP)
+                image = realistic_angiogram(rendering, frame, pose, modality, rng)
+            else:
+                frame = FRAMES[modality].sample(rng)
+                seen = patient
+                rendering = render_vessels(patient, frame, TOPCOW_LABEL_MAP)
+                image = synthesize_image(rendering, frame, CONTRASTS[modality], rng)
             geometry = frame.grid.geometry
-            write_volume(top / IMAGES / f"{case_id}{IMAGE_SUFFIX}",
-                         synthesize_image(rendering, frame, CONTRASTS[modality], rng), geometry)
+            write_volume(top / IMAGES / f"{case_id}{IMAGE_SUFFIX}", image, geometry)
             write_volume(top / RELEASE_FOLDERS[LABEL.kind] / f"{case_id}{LABEL.suffix}", rendering.labels, geometry)
-            box = roi_box(patient, frame, rng)
+            box = roi_box(seen, frame, rng)
             # one official ROI file lacks the final newline; the mirror writes both forms
             (top / RELEASE_FOLDERS[ROI.kind] / f"{case_id}{ROI.suffix}").write_text(
                 roi_text(box, final_newline=bool(rng.random() < 0.7)))

@@ -24,6 +24,10 @@ How the tree stays anatomically valid:
 Variants drawn per patient: missing Acom, missing Pcom, missing A1 (that ACA is fed through the Acom), missing P1
 ("fetal" PCA fed through its Pcom), a rare third A2 (label 15), and occasionally missing small side branches. The
 edge-list YAML states these variants; the ROI box encloses the CoW landmarks of the rendered grid.
+
+Both families also write a ``realistic`` mirror (section "the realistic mirror" at the end): the same files, names and
+labels, with the confounders of real scans (variant rates, hypoplastic communicating arteries, head pose, field of
+view placement and zoom, thick slices, skull-base bone, venous filling, site-dependent contrast, TOF saturation).
 """
 
 from __future__ import annotations
@@ -237,13 +241,26 @@ def make_patient(rng: np.random.Generator) -> Patient:
     variant = CowVariant.sample(rng)
     points = _jittered_points(rng)
     calibre = rng.uniform(0.92, 1.08)
-    absent = {f"{side}-{branch}" for side in SIDES for branch in _OPTIONAL_BRANCHES if rng.random() < 0.08}
+    absent = _absent_vessels(rng, variant, 0.08)
+    return _assemble(variant, points, absent, lambda name, radius: max(1.0, radius * calibre))
+
+
+def _absent_vessels(rng: np.random.Generator, variant: CowVariant, branch_missing: float) -> set[str]:
+    """Names of the template vessels this patient lacks: optional side branches (each with probability
+    ``branch_missing``) and the CoW segments its variant leaves out."""
+    absent = {f"{side}-{branch}" for side in SIDES for branch in _OPTIONAL_BRANCHES if rng.random() < branch_missing}
     absent |= {f"{side}-OA-origin" for side in SIDES if f"{side}-OA" in absent}
     if not variant.acom:
         absent.add("Acom")
     if not variant.third_a2:
         absent |= {"3rd-A2", "3rd-A3"}
     absent |= {f"{side}-Pcom" for side, has in zip(SIDES, variant.pcom, strict=True) if not has}
+    return absent
+
+
+def _assemble(variant: CowVariant, points: Mapping[str, Point], absent: set[str],
+              radius_of: Callable[[str, float], float]) -> Patient:
+    """The patient's vessels from the template: ``radius_of(name, template radius)`` gives each calibre."""
     vessels = []
     for template in _TEMPLATES:
         for side in SIDES if template.sided else ("",):
@@ -257,9 +274,9 @@ def make_patient(rng: np.random.Generator) -> Patient:
                 if not proximal[SIDES.index(side)]:
                     path = path[1:]
             coords = tuple(points[_qualified(p, side)] for p in path)
-            vessels.append(Vessel(name=name, path=coords, radius=max(1.0, template.radius * calibre),
+            vessels.append(Vessel(name=name, path=coords, radius=radius_of(name, template.radius),
                                   vein=template.vein))
-    return Patient(variant=variant, vessels=tuple(vessels), landmarks=points)
+    return Patient(variant=variant, vessels=tuple(vessels), landmarks=dict(points))
 
 
 def _qualified(point: str, side: str) -> str:
@@ -268,18 +285,19 @@ def _qualified(point: str, side: str) -> str:
     return f"{side}:{point}"
 
 
-def _jittered_points(rng: np.random.Generator) -> dict[str, Point]:
+def _jittered_points(rng: np.random.Generator, *, scale_range: float = 0.04, shift_range: float = 0.015,
+                     jitter_sd: float = 0.004) -> dict[str, Point]:
     """Every control point after a per-patient scaling and shift about the head centre plus a small jitter."""
     centre = np.array([0.5, 0.5, 0.45])
-    scale = rng.uniform(0.96, 1.04, 3)
-    shift = rng.uniform(-0.015, 0.015, 3)
+    scale = rng.uniform(1.0 - scale_range, 1.0 + scale_range, 3)
+    shift = rng.uniform(-shift_range, shift_range, 3)
     template: dict[str, Point] = dict(_MIDLINE_POINTS)
     for name, (x, y, z) in _SIDE_POINTS.items():
         template[f"R:{name}"] = (x, y, z)
         template[f"L:{name}"] = (1.0 - x, y, z)
     out = {}
     for name, point in template.items():
-        jitter = np.clip(rng.normal(0.0, 0.004, 3), -0.008, 0.008)
+        jitter = np.clip(rng.normal(0.0, jitter_sd, 3), -2 * jitter_sd, 2 * jitter_sd)
         moved = centre + scale * (np.asarray(point) - centre) + shift + jitter
         out[name] = (float(moved[0]), float(moved[1]), float(moved[2]))
     return out
@@ -316,6 +334,9 @@ class Frame:
     grid: Grid
     fov_lo: Point
     fov_hi: Point
+    #: (x, y, z) length of a voxel step in in-plane voxels: a thick-slice scan has z > 1, and vessel radii (in
+    #: in-plane voxels) then span fewer slices; the easy mirror's voxels are treated as cubes
+    voxel_scale: tuple[float, float, float] = (1.0, 1.0, 1.0)
 
     def to_voxel(self, points: np.ndarray) -> np.ndarray:
         """Head coordinates (n, 3) -> continuous voxel indices (n, 3) in (x, y, z) order."""
@@ -349,7 +370,7 @@ def render_vessels(patient: Patient, frame: Frame, label_map: Mapping[str, int])
         if np.any(hi <= lo):
             continue  # outside this field of view
         box = tuple(slice(int(a), int(b)) for a, b in zip(lo[::-1], hi[::-1], strict=True))
-        distance = _distance_to_polyline(vertices, lo, hi)
+        distance = _distance_to_polyline(vertices, lo, hi, frame.voxel_scale)
         label = label_map.get(vessel.name, 0)
         if label:
             labels[box][distance <= vessel.radius] = label
@@ -359,11 +380,17 @@ def render_vessels(patient: Patient, frame: Frame, label_map: Mapping[str, int])
     return Rendering(labels=labels, artery=fractions[False], vein=fractions[True])
 
 
-def _distance_to_polyline(vertices: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Distance (voxels) from each voxel centre of the box [lo, hi) (x, y, z) to the polyline, as a (z, y, x) array."""
+def _distance_to_polyline(vertices: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                          scale: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
+    """Distance (in-plane voxels) from each voxel centre of the box [lo, hi) (x, y, z) to the polyline, as a
+    (z, y, x) array; ``scale`` stretches the axes of anisotropic voxels."""
     x = np.arange(lo[0], hi[0], dtype=np.float32)[None, None, :]
     y = np.arange(lo[1], hi[1], dtype=np.float32)[None, :, None]
     z = np.arange(lo[2], hi[2], dtype=np.float32)[:, None, None]
+    if scale != (1.0, 1.0, 1.0):
+        factors = np.asarray(scale, dtype=np.float32)
+        x, y, z = x * factors[0], y * factors[1], z * factors[2]
+        vertices = vertices * factors
     best = np.full((hi[2] - lo[2], hi[1] - lo[1], hi[0] - lo[0]), np.inf, dtype=np.float32)
     for a, b in itertools.pairwise(vertices):
         ab = b - a
@@ -564,15 +591,18 @@ class VesselReleaseFamily(TaskFamily):
     archive: ClassVar[str]
     patient_ids: ClassVar[tuple[str, ...]]
     patients_counted_as: ClassVar[str]  # how the release counts its patients, for the --cases message
-    release_writer: ClassVar[Callable[..., None]]  # (folder, *, patients, seed): the synthetic release tree
+    #: (folder, *, patients, seed, realistic): the synthetic release tree
+    release_writer: ClassVar[Callable[..., None]]
+    synthetic_difficulties = ("easy", "realistic")
 
-    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
+    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int, difficulty: str = "easy") -> None:
         count = len(self.patient_ids)
         if not 1 <= cases <= count:
             raise UserInputError(f"{self.competition} has {count} {self.patients_counted_as}; cannot mirror {cases}",
                                  hint=f"choose --cases between 1 and {count}")
         write_archive(downloads / self.archive,
-                      partial(self.release_writer, patients=self.patient_ids[:cases], seed=seed))
+                      partial(self.release_writer, patients=self.patient_ids[:cases], seed=seed,
+                              realistic=difficulty == "realistic"))
 
     def case_ids(self, raw: Path) -> list[str]:
         return sorted(self.release_cases(raw))
@@ -590,3 +620,201 @@ def rng_for(seed: int, *keys: int) -> np.random.Generator:
     are written, so the first N synthetic cases are the same whatever N is."""
     return np.random.default_rng([seed, *keys])
 
+
+
+# ---- the realistic mirror -------------------------------------------------------------------------------------------
+# What makes real TopCoW/TopBrain scans hard for a threshold and an atlas (EXPERT_REPORTS.md §1-2, DATA_LAYOUTS.md §1):
+#
+# * anatomy: CoW variants are common (missing or hypoplastic communicating arteries, missing A1/P1, a third A2), and
+#   the communicating arteries are often hypoplastic, a voxel or less across, so partial volume dims them; calibres
+#   and tortuosity differ between patients;
+# * pose and field of view: heads are tilted (pitch up to about 12 degrees, roll and yaw up to about 7), scanners
+#   centre and zoom the field of view differently, so the CoW sits at a different place of each image, and slices are
+#   thicker than the in-plane spacing (anisotropic voxels; TopCoW's one measured grid is 508 x 585 x 189);
+# * CTA: contrast timing differs by site (arteries 220-520 HU), venous filling (veins up to as bright as arteries),
+#   dense skull-base bone right beside the CoW (anterior clinoid processes beside the carotid terminus, dorsum sellae
+#   and clivus behind the basilar tip, petrous bone around the carotid canal) whose partial-volume rims (the
+#   point-spread function blurs every edge) take arterial values, and noise that differs between scanners;
+# * TOF-MRA: the unnormalised scale differs between sites by a factor of about 2, a strong coil bias field, bright
+#   orbital and scalp fat (short T1), imperfect venous saturation, and distal arteries losing signal as inflowing
+#   spins saturate (fainter with height above the circle).
+#
+# Sizes stay close to the easy mirror's (about 52-72 voxels a side) so that a small 3-D network learns the mirror in
+# CPU minutes; labels, file names and formats are those of the easy mirror.
+BONE, FAT = 4, 5  # tissue codes beside AIR, SCALP, SKULL, BRAIN
+# skull-base bone near the circle, in anatomical head coordinates: (centre, radii), right side mirrored for the left
+_SKULL_BASE_SIDED = (((0.395, 0.375, 0.345), (0.022, 0.03, 0.018)),  # anterior clinoid process
+                     ((0.33, 0.44, 0.16), (0.07, 0.05, 0.035)),  # petrous apex around the carotid canal
+                     ((0.30, 0.12, 0.33), (0.05, 0.04, 0.03)))  # orbital roof
+_SKULL_BASE_MIDLINE = (((0.5, 0.565, 0.335), (0.03, 0.012, 0.035)),  # dorsum sellae
+                       ((0.5, 0.64, 0.19), (0.025, 0.03, 0.11)))  # clivus
+_ORBITS = (((0.32, 0.10, 0.28), (0.06, 0.05, 0.045)),)  # orbital fat, bright on TOF-MRA
+
+
+@dataclass(frozen=True)
+class HeadPose:
+    """How a head lies in one scanner: a rotation about the head centre, then a shift (head coordinates)."""
+
+    rotation: np.ndarray  # (3, 3), applied to (x, y, z) column vectors
+    shift: np.ndarray  # (3,)
+
+    @classmethod
+    def sample(cls, rng: np.random.Generator) -> HeadPose:
+        pitch, roll, yaw = np.radians(rng.uniform(-1, 1, 3) * (12.0, 6.0, 7.0))
+        about_x = np.array([[1, 0, 0], [0, np.cos(pitch), -np.sin(pitch)], [0, np.sin(pitch), np.cos(pitch)]])
+        about_y = np.array([[np.cos(roll), 0, np.sin(roll)], [0, 1, 0], [-np.sin(roll), 0, np.cos(roll)]])
+        about_z = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]])
+        return cls(rotation=about_z @ about_y @ about_x, shift=rng.uniform(-0.03, 0.03, 3))
+
+    def apply(self, points: np.ndarray) -> np.ndarray:
+        """Anatomical head coordinates (n, 3) -> where the scanner sees them."""
+        centre = np.asarray(_HEAD_CENTRE)
+        return (np.asarray(points, dtype=float) - centre) @ self.rotation.T + centre + self.shift
+
+    def anatomical(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Anatomical head coordinates of every voxel centre of ``frame``, as three full (z, y, x) arrays."""
+        x, y, z = np.broadcast_arrays(*frame.head_coords())
+        seen = np.stack([x, y, z], axis=-1) - np.asarray(_HEAD_CENTRE) - self.shift
+        anatomy = seen @ self.rotation + np.asarray(_HEAD_CENTRE)  # the inverse rotation is the transpose
+        return anatomy[..., 0], anatomy[..., 1], anatomy[..., 2]
+
+    def seen(self, patient: Patient) -> Patient:
+        """The patient as this scanner sees it (vessels and landmarks moved)."""
+        def move(path: Sequence[Point]) -> tuple[Point, ...]:
+            return tuple((float(a), float(b), float(c)) for a, b, c in self.apply(np.asarray(path)))
+
+        vessels = tuple(Vessel(v.name, move(v.path), v.radius, v.vein) for v in patient.vessels)
+        names = list(patient.landmarks)
+        moved = move([patient.landmarks[n] for n in names])
+        return Patient(variant=patient.variant, vessels=vessels, landmarks=dict(zip(names, moved, strict=True)))
+
+
+def sample_realistic_variant(rng: np.random.Generator) -> CowVariant:
+    """CoW variants at about the rates angiography series report (Acom absent or unseen in about a quarter of
+    scans, one or both Pcoms absent in most, a missing A1 in about one in eight, a fetal PCA in about one in five
+    sides with a Pcom, a third A2 in about one in ten)."""
+    acom = bool(rng.random() < 0.75)
+    third_a2 = acom and bool(rng.random() < 0.1)
+    missing_a1 = int(rng.integers(2)) if acom and rng.random() < 0.13 else None
+    pcom = (bool(rng.random() < 0.55), bool(rng.random() < 0.55))
+    p1 = (not (pcom[0] and rng.random() < 0.2), not (pcom[1] and rng.random() < 0.2))
+    return CowVariant(acom=acom, third_a2=third_a2, a1=(missing_a1 != 0, missing_a1 != 1), p1=p1, pcom=pcom)
+
+
+HYPOPLASTIC = ("Acom", "R-Pcom", "L-Pcom")  # the segments that are often thread-like
+
+
+def make_realistic_patient(rng: np.random.Generator) -> Patient:
+    """A patient of the realistic mirror: variants at realistic rates, hypoplastic communicating arteries (radius
+    0.6-0.8 voxel: the centreline voxels only, dim by partial volume), wider calibre and shape differences."""
+    variant = sample_realistic_variant(rng)
+    points = _jittered_points(rng, scale_range=0.12, shift_range=0.02, jitter_sd=0.008)
+    calibre = rng.uniform(0.88, 1.12)
+    absent = _absent_vessels(rng, variant, 0.12)
+    thin = {name for name in HYPOPLASTIC if rng.random() < 0.35}
+    per_vessel = {template.name.replace("{s}", side): float(rng.uniform(0.9, 1.1))
+                  for template in _TEMPLATES for side in SIDES}
+
+    def radius_of(name: str, radius: float) -> float:
+        if name in thin:
+            return float(rng.uniform(0.6, 0.8))
+        return max(0.9, radius * calibre * per_vessel.get(name, 1.0))
+
+    return _assemble(variant, points, absent, radius_of)
+
+
+@dataclass(frozen=True)
+class RealisticFrames:
+    """How the scanners of one modality frame the head in the realistic mirror: the easy mirror's window, moved by
+    up to ``window_shift`` and zoomed by ``zoom`` per case, on grids of ``size_lo``-``size_hi`` voxels whose slices
+    are ``slice_ratio`` times the in-plane spacing."""
+
+    base: FrameSpec
+    window_shift: float
+    zoom: tuple[float, float]
+    slice_ratio: tuple[float, float]
+
+    def sample(self, rng: np.random.Generator) -> Frame:
+        lo, hi = np.asarray(self.base.fov_lo), np.asarray(self.base.fov_hi)
+        centre = (lo + hi) / 2 + rng.uniform(-self.window_shift, self.window_shift, 3)
+        half = (hi - lo) / 2 * rng.uniform(*self.zoom)
+        inplane = round(float(rng.uniform(*self.base.inplane_mm)), 6)
+        ratio = float(rng.uniform(*self.slice_ratio))
+        nx = int(rng.integers(self.base.size_lo[0], self.base.size_hi[0] + 1))
+        ny = int(rng.integers(self.base.size_lo[1], self.base.size_hi[1] + 1))
+        # a thick-slice scan covers the same height with fewer slices
+        nz = max(24, round(int(rng.integers(self.base.size_lo[2], self.base.size_hi[2] + 1)) / ratio))
+        size = (nx, ny, nz)
+        spacing = (inplane, inplane, round(inplane * ratio, 6))
+        origin = tuple(round(-(n - 1) * s / 2 + float(rng.uniform(-15, 15)), 3)
+                       for n, s in zip(size, spacing, strict=True))
+        grid = Grid(size=size, spacing=spacing, origin=origin)  # type: ignore[arg-type]
+        fov_lo, fov_hi = centre - half, centre + half
+        steps = (fov_hi - fov_lo) / (np.asarray(size) - 1)
+        return Frame(grid=grid, fov_lo=tuple(float(v) for v in fov_lo),  # type: ignore[arg-type]
+                     fov_hi=tuple(float(v) for v in fov_hi),  # type: ignore[arg-type]
+                     voxel_scale=tuple(float(v) for v in steps / steps[0]))  # type: ignore[arg-type]
+
+
+def _ellipsoid(ax: np.ndarray, ay: np.ndarray, az: np.ndarray, centre: Point, radii: Point) -> np.ndarray:
+    return ((ax - centre[0]) / radii[0]) ** 2 + ((ay - centre[1]) / radii[1]) ** 2 + \
+        ((az - centre[2]) / radii[2]) ** 2 <= 1.0
+
+
+def realistic_tissues(frame: Frame, pose: HeadPose) -> tuple[np.ndarray, np.ndarray]:
+    """Tissue map of the posed head (the easy mirror's shells plus skull-base bone and orbital fat) and the
+    anatomical height of every voxel (for TOF saturation)."""
+    ax, ay, az = pose.anatomical(frame)
+    q = np.sqrt(sum(((c - m) / r) ** 2 for c, m, r in zip((ax, ay, az), _HEAD_CENTRE, _HEAD_RADII, strict=True)))
+    tissue = np.full(frame.grid.shape, AIR, dtype=np.uint8)
+    tissue[q <= 1.03] = SCALP
+    tissue[q <= 0.99] = SKULL
+    tissue[q <= 0.92] = BRAIN
+    for (x, y, z), radii in _SKULL_BASE_SIDED:
+        for cx in (x, 1.0 - x):
+            tissue[_ellipsoid(ax, ay, az, (cx, y, z), radii)] = BONE
+    for centre, radii in _SKULL_BASE_MIDLINE:
+        tissue[_ellipsoid(ax, ay, az, centre, radii)] = BONE
+    for (x, y, z), radii in _ORBITS:
+        for cx in (x, 1.0 - x):
+            tissue[_ellipsoid(ax, ay, az, (cx, y, z), radii) & (tissue != BONE)] = FAT
+    return tissue, az
+
+
+def realistic_angiogram(rendering: Rendering, frame: Frame, pose: HeadPose, modality: str,
+                        rng: np.random.Generator) -> np.ndarray:
+    """An int16 CTA (``ct``, Hounsfield units) or TOF-MRA (``mr``) of the realistic mirror (see the section's
+    comment for the confounders)."""
+    tissue, height = realistic_tissues(frame, pose)
+    if modality == "ct":
+        artery = rng.uniform(220.0, 520.0)
+        lut = {AIR: -1000.0, SCALP: 20.0, SKULL: rng.uniform(900.0, 1400.0), BRAIN: rng.uniform(28.0, 45.0),
+               BONE: rng.uniform(650.0, 1300.0), FAT: -90.0}
+        vein = artery * rng.uniform(0.55, 1.0)
+        noise_sd, bias, texture = rng.uniform(8.0, 28.0), 0.0, 0.08
+    else:
+        scale = rng.uniform(0.6, 1.6)
+        lut = {AIR: 0.0, SCALP: 300.0 * scale * rng.uniform(0.8, 1.3), SKULL: 30.0 * scale, BRAIN: 170.0 * scale,
+               BONE: 25.0 * scale, FAT: 170.0 * scale * rng.uniform(1.6, 2.4)}
+        artery = 170.0 * scale * rng.uniform(2.6, 4.4)
+        vein = artery * rng.uniform(0.0, 0.3)  # imperfect venous saturation
+        noise_sd, bias, texture = 170.0 * scale * rng.uniform(0.04, 0.09), 0.35, 0.08
+    base = render(tissue, lut, rng, noise_sd=0.0, texture=texture, bias=bias, background=None).astype(np.float32)
+    # the scanner's point-spread function: bone and skull edges pass through the arteries' values
+    base = ndimage.gaussian_filter(base, 0.8)
+    arterial = np.full(tissue.shape, artery, dtype=np.float32)
+    if modality == "mr":
+        # inflowing spins saturate: arteries fade with height above the circle of Willis
+        fade = rng.uniform(0.25, 0.55)
+        arterial *= (1.0 - fade * np.clip((height - 0.42) / 0.45, 0.0, 1.0)).astype(np.float32)
+    vein_wins = rendering.vein > rendering.artery
+    fraction = np.where(vein_wins, rendering.vein, rendering.artery)
+    vessel = np.where(vein_wins, np.float32(vein), arterial)
+    image = base * (1.0 - fraction) + vessel * fraction
+    sd = np.float32(noise_sd)
+    noise = sd * rng.standard_normal(image.shape, dtype=np.float32)
+    if modality == "mr":
+        image = np.hypot(image + noise, sd * rng.standard_normal(image.shape, dtype=np.float32))
+    else:
+        image += noise
+    return to_int16(image)
