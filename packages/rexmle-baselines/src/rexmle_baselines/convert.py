@@ -11,8 +11,9 @@ polygons are rasterised per class. ``write_submission`` turns the predictions in
 
 * masks copy the test image's header (size, spacing, origin, direction);
 * NeurIPS CellSeg: instances = connected components of the interior class grown into the boundary class
-  (watershed on the distance to background);
-* PUMA nuclei: one polygon per connected component of each class, centred on its centroid;
+  (watershed on the distance to background), cells under ``MIN_CELL_PIXELS`` (a network's speckle) dropped;
+* PUMA nuclei: one polygon per connected component of each class, centred on its centroid (components under
+  ``NucleiIO.min_pixels``, a network's speckle rather than a nucleus, are dropped);
 * TopCoW task 2: the bounding box of the predicted vessels (each label reduced to its largest connected component
   first, so that a stray island cannot stretch it) widened by the median margin between the training
   labels' box and the training ROI boxes (a box under half the training ROIs' median size on an axis, or no
@@ -422,9 +423,13 @@ class CellInstanceIO(Image2DIO):
         write_tiff(target, instances_from_semantic(prediction))
 
 
+MIN_CELL_PIXELS = 15
+
+
 def instances_from_semantic(semantic: np.ndarray) -> np.ndarray:
     """Cells from a background/interior/boundary map: interior components are the seeds, grown by watershed on
-    the distance to background over all foreground pixels; foreground without a seed becomes its own cell."""
+    the distance to background over all foreground pixels; foreground without a seed becomes its own cell, and
+    cells under :data:`MIN_CELL_PIXELS` are dropped."""
     from scipy import ndimage
     from skimage.segmentation import watershed
 
@@ -436,6 +441,10 @@ def instances_from_semantic(semantic: np.ndarray) -> np.ndarray:
     instances = watershed(-distance, seeds, mask=foreground).astype(np.uint32)
     orphans, _ = ndimage.label(foreground & (instances == 0))
     instances[orphans > 0] = orphans[orphans > 0] + n_seeds
+    # stray specks of predicted foreground would each count as a false-positive cell; like Cellpose's default
+    # (min_size=15), cells under 15 px are dropped
+    areas = np.bincount(instances.ravel())
+    instances[(areas < MIN_CELL_PIXELS)[instances] & (instances > 0)] = 0
     return instances
 
 
@@ -444,6 +453,7 @@ class NucleiIO(Image2DIO):
     connected component of each class, centred on its centroid."""
 
     polygon_vertices = 8
+    min_pixels = 4  # the smallest nucleus of the smallest (quarter-scale) mirror covers about 10 pixels
 
     def __init__(self, task_id: str, grader: Grader, public_dir: Path, classes: Sequence[str]) -> None:
         labels = {"background": 0, **{name: i + 1 for i, name in enumerate(classes)}}
@@ -489,6 +499,8 @@ class NucleiIO(Image2DIO):
             centres = ndimage.center_of_mass(np.ones_like(components), components, index)
             areas = ndimage.sum_labels(np.ones_like(components), components, index)
             for (row, col), area in zip(centres, areas, strict=True):
+                if area < self.min_pixels:
+                    continue
                 radius = max(float(np.sqrt(area / np.pi)), 1.0)
                 points = [[round(col + radius * np.cos(a), 2), round(row + radius * np.sin(a), 2), 0]
                           for a in angles]

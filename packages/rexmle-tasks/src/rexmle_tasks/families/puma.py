@@ -20,6 +20,10 @@ Ground truth conversions (ours: the organisers' converted files are not public; 
   one polygon). Track 2 keeps the ten ``nuclei_*`` names; track 1 groups lymphocytes and plasma cells into
   ``nuclei_lymphocyte``, keeps ``nuclei_tumor`` and calls every other class ``nuclei_other``.
 
+Synthetic mirrors: ``easy`` (flat class colours, every class in every ROI) and ``realistic`` (stain and scanner
+variation, classes told apart by texture and context, touching nuclei, imbalance, artefacts, coarse annotations; see
+"the realistic mirror" below). Both write the real archive names, folders, formats and class names.
+
 Options (task.yaml): ``target`` = ``tissue`` or ``nuclei``; for nuclei ``classes`` = 3 (track 1) or 10 (track 2).
 """
 
@@ -46,6 +50,7 @@ from rexmle_tasks.base import PrepareContext, TaskFamily, register_family
 from rexmle_tasks.families.synth2d import (
     blob_outline,
     copy_file,
+    ellipse_mask,
     encode_image,
     find_in_raw,
     image_size,
@@ -201,6 +206,7 @@ def nuclei_class_name(name: str, classes: int) -> str:
 @register_family
 class PumaFamily(TaskFamily):
     name: ClassVar[str] = "puma"
+    synthetic_difficulties: ClassVar[tuple[str, ...]] = ("easy", "realistic")
 
     @property
     def target(self) -> str:
@@ -262,11 +268,14 @@ class PumaFamily(TaskFamily):
         return relative
 
     # ---- synthetic mirror --------------------------------------------------------------------------------------
-    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int) -> None:
+    def write_synthetic_download(self, downloads: Path, *, cases: int, seed: int, difficulty: str = "easy") -> None:
         rng = np.random.default_rng(seed)
         rois, tissue, nuclei = [], [], []
         for stem, suffix in synthetic_roi_names(cases):
-            image, tissue_doc, nuclei_doc = synthetic_roi(rng)
+            if difficulty == "realistic":
+                image, tissue_doc, nuclei_doc = realistic_roi(rng, metastatic="metastatic" in stem)
+            else:
+                image, tissue_doc, nuclei_doc = synthetic_roi(rng)
             rois.append((f"{ROI_FOLDER}/{stem}{suffix}", encode_image(image, ".tif")))
             tissue.append((f"{TISSUE_FOLDER}/{stem}_tissue.geojson", _geojson_bytes(tissue_doc)))
             nuclei.append((f"{NUCLEI_FOLDER}/{stem}_nuclei.geojson", _geojson_bytes(nuclei_doc)))
@@ -385,3 +394,350 @@ def _feature_polygons(feature: dict[str, Any]) -> tuple[Polygon, ...]:
     geometry = feature["geometry"]
     parts = [geometry["coordinates"]] if geometry["type"] == "Polygon" else geometry["coordinates"]
     return tuple(_polygon(part) for part in parts)
+
+
+# ---- the realistic mirror ----------------------------------------------------------------------------------------
+# What the real PUMA ROIs hold that a colour rule cannot read (DATA_LAYOUTS.md §4, EXPERT_REPORTS.md §4, the dataset
+# paper cited there), drawn at a quarter of the real 1024 px (about 0.92 µm per pixel, so the whole 235 µm field of a
+# real ROI is kept and the tissue evaluator's nearest-neighbour resize to 1024 stays exact):
+#
+# * stain and scanner variation: every ROI is rendered by Beer-Lambert from hematoxylin, eosin and melanin
+#   concentrations; one of three scanner/site profiles and a per-ROI draw rotate the stain vectors, scale each
+#   stain (staining time) and tint the white point, so one tissue has other colours in other ROIs;
+# * primary and metastatic ROIs look different: primaries mostly show an epidermis band (with rete ridges and a
+#   keratin layer) over dermal stroma with tumour nests; metastases are mostly tumour sheets, more often necrotic,
+#   rarely with epidermis; pigmented tumours carry brown melanin that shifts their colour;
+# * tissue classes differ by texture and context more than by mean colour: tumour is cytoplasm packed with large
+#   nuclei, stroma is fibrous eosin with sparse spindle nuclei, necrosis is smudgy with nuclear debris, a vessel is
+#   a lumen of red cells or an empty (white) lumen with an endothelial rim, so "empty lumen" looks like background;
+# * nuclei classes share one hematoxylin colour and are told apart by size, shape, chromatin, cytoplasm and the
+#   tissue they lie in (tumour nuclei large and vesicular with a nucleolus, lymphocytes small and dark, plasma
+#   cells with an eccentric nucleus in pink cytoplasm, histiocytes pale and kidney-shaped, melanophages in brown
+#   cytoplasm, neutrophils lobed, fibroblasts and endothelium spindle-shaped, apoptotic bodies dark in a pink halo);
+#   the tumour nuclei overlap the histiocytes and epithelium in size; necrotic debris is dark like lymphocytes;
+# * touching nuclei: tumour nuclei are packed until they touch, lymphocytes come in aggregates;
+# * class imbalance: tumour nuclei dominate (metastatic ROI 001 of the real set: 498 tumour, 119 apoptosis,
+#   8 lymphocyte, 3 endothelium of 633), several nuclei classes and necrosis are absent from many ROIs;
+# * artefacts: tissue tears (unannotated white), folds (a band of doubled stain), out-of-focus patches;
+# * label noise: tissue polygons are drawn coarser than the tissue (every fourth vertex, a pixel or so off),
+#   a few nuclei are unlabelled or take a look-alike class, and 1 % are QuPath MultiPolygons.
+#
+# Sizes: 256 x 256 RGBA ROIs with 200-400 nuclei each; a 16-ROI mirror (12 training, 4 test ROIs with task.yaml's
+# split) trains the quick baseline in CPU minutes.
+REALISTIC_SIZE = SYNTHETIC_SIZE
+STAIN_OD = {"hematoxylin": (0.65, 0.70, 0.29), "eosin": (0.07, 0.99, 0.11), "melanin": (0.27, 0.57, 0.78)}
+#: scanner/site profiles: (hematoxylin scale, eosin scale, white-point tint added to R, G, B)
+SITES = ((1.0, 1.0, (0.0, 0.0, 0.0)), (1.35, 0.75, (-10.0, -4.0, 6.0)), (0.8, 1.3, (6.0, -6.0, -2.0)))
+WHITE, STROMA, VESSEL, TUMOUR, EPIDERMIS, NECROSIS = range(6)  # = TISSUE_CLASSES indices
+
+
+@dataclass(frozen=True)
+class _NucleusLook:
+    radius: tuple[float, float]  # semi-major axis range (px)
+    aspect: tuple[float, float]  # semi-major / semi-minor range
+    hematoxylin: float
+    halo: str = ""  # cytoplasm around the nucleus: "", "pink", "foamy", "brown", "eosinophilic"
+    nucleolus: float = 0.0  # probability of a dark nucleolus
+    lobes: int = 0  # neutrophils: the nucleus is drawn as this many small lobes
+
+
+REALISTIC_NUCLEI = {
+    "nuclei_tumor": _NucleusLook((4.2, 7.0), (1.0, 1.45), 0.55, nucleolus=0.8),
+    "nuclei_lymphocyte": _NucleusLook((2.4, 3.4), (1.0, 1.15), 1.25),
+    "nuclei_plasma_cell": _NucleusLook((2.6, 3.4), (1.1, 1.3), 1.0, halo="pink"),
+    "nuclei_histiocyte": _NucleusLook((4.0, 6.0), (1.3, 1.7), 0.48, halo="foamy"),
+    "nuclei_melanophage": _NucleusLook((3.5, 5.0), (1.0, 1.4), 0.6, halo="brown"),
+    "nuclei_neutrophil": _NucleusLook((3.0, 3.6), (1.0, 1.2), 1.1, lobes=3),
+    "nuclei_stroma": _NucleusLook((5.0, 7.0), (2.8, 4.0), 0.95),
+    "nuclei_epithelium": _NucleusLook((3.5, 4.8), (1.1, 1.4), 0.75, nucleolus=0.3),
+    "nuclei_endothelium": _NucleusLook((4.0, 5.5), (2.6, 3.6), 1.0),
+    "nuclei_apoptosis": _NucleusLook((1.8, 2.8), (1.0, 1.2), 1.6, halo="eosinophilic"),
+}
+#: which nuclei a tissue holds (weights), and nuclei per pixel of that tissue
+NUCLEI_MIX = {
+    TUMOUR: ({"nuclei_tumor": 0.86, "nuclei_lymphocyte": 0.05, "nuclei_apoptosis": 0.04, "nuclei_histiocyte": 0.02,
+              "nuclei_melanophage": 0.015, "nuclei_plasma_cell": 0.01, "nuclei_neutrophil": 0.005}, 1 / 70),
+    STROMA: ({"nuclei_stroma": 0.45, "nuclei_lymphocyte": 0.25, "nuclei_plasma_cell": 0.1, "nuclei_histiocyte": 0.07,
+              "nuclei_melanophage": 0.04, "nuclei_neutrophil": 0.03, "nuclei_endothelium": 0.06}, 1 / 420),
+    EPIDERMIS: ({"nuclei_epithelium": 0.9, "nuclei_lymphocyte": 0.04, "nuclei_tumor": 0.05,
+                 "nuclei_melanophage": 0.01}, 1 / 45),
+    NECROSIS: ({"nuclei_apoptosis": 0.45, "nuclei_neutrophil": 0.3, "nuclei_tumor": 0.15, "nuclei_histiocyte": 0.1},
+               1 / 260),
+}
+#: look-alike classes an annotator may pick instead (label noise)
+LOOK_ALIKES = {"nuclei_tumor": "nuclei_histiocyte", "nuclei_histiocyte": "nuclei_tumor",
+               "nuclei_lymphocyte": "nuclei_plasma_cell", "nuclei_plasma_cell": "nuclei_lymphocyte",
+               "nuclei_stroma": "nuclei_endothelium", "nuclei_endothelium": "nuclei_stroma",
+               "nuclei_apoptosis": "nuclei_lymphocyte", "nuclei_epithelium": "nuclei_tumor"}
+
+
+@dataclass(frozen=True)
+class _Nucleus:
+    name: str
+    centre: tuple[float, float]  # (x, y)
+    ring: Ring
+    look: _NucleusLook
+    angle: float
+
+
+def _ellipse_ring(rng: np.random.Generator, centre: tuple[float, float], radii: tuple[float, float], angle: float,
+                  *, vertices: int = 12, wobble: float = 0.08) -> Ring:
+    """A closed (x, y) ring around an ellipse with semi-axes ``radii`` turned by ``angle``, slightly irregular."""
+    t = np.linspace(0, 2 * np.pi, vertices, endpoint=False)
+    scale = 1 + wobble * rng.uniform(-1, 1, vertices)
+    u, v = radii[0] * np.cos(t) * scale, radii[1] * np.sin(t) * scale
+    xs = centre[0] + u * np.cos(angle) - v * np.sin(angle)
+    ys = centre[1] + u * np.sin(angle) + v * np.cos(angle)
+    ring = [(round(float(x), 1), round(float(y), 1)) for x, y in zip(xs, ys, strict=True)]
+    return [*ring, ring[0]]
+
+
+def _coarse(rng: np.random.Generator, ring: Ring, step: int = 3) -> Ring:
+    """The ring as an annotator draws it: every ``step``-th vertex, each about a pixel off; vertices on the ROI's
+    border stay where they are (a ring of few vertices, such as the ROI's square, is kept whole)."""
+    if len(ring) < 4 * step:
+        return ring
+    edge = (0.0, float(REALISTIC_SIZE))
+    kept = [(x, y) if x in edge or y in edge else
+            (round(x + float(rng.normal(0, 1.0)), 1), round(y + float(rng.normal(0, 1.0)), 1))
+            for number, (x, y) in enumerate(ring[:-1]) if number % step == 0 or x in edge or y in edge]
+    return [*kept, kept[0]]
+
+
+def _realistic_layout(rng: np.random.Generator, metastatic: bool) -> list[tuple[int, list[Polygon], dict[str, Any]]]:
+    """(tissue class, fine polygons, extras) in painting order; drawn with the epidermis on top, then turned by a
+    multiple of 90 degrees so that the skin surface lies on any side."""
+    s = float(REALISTIC_SIZE)
+    layers: list[tuple[int, list[Polygon], dict[str, Any]]] = []
+    tears = [blob_outline(rng, (rng.uniform(30, s - 30), rng.uniform(60, s - 30)), rng.uniform(4, 11), vertices=24,
+                          wobble=0.5) for _ in range(int(rng.integers(0, 3)))]
+    layers.append((STROMA, [[_square(0, 0, s, s), *tears]], {}))
+    top = 0.0
+    if rng.random() < (0.1 if metastatic else 0.85):
+        thickness, amplitude = rng.uniform(22, 45), rng.uniform(4, 12)
+        period, phase = rng.uniform(35, 70), rng.uniform(0, 2 * np.pi)
+        xs = np.linspace(s, 0, 33)
+        lower = [(round(float(x), 1), round(float(thickness + amplitude * np.sin(2 * np.pi * x / period + phase)), 1))
+                 for x in xs]
+        layers.append((EPIDERMIS, [[[(0.0, 0.0), (s, 0.0), *lower, (0.0, 0.0)]]], {"thickness": thickness}))
+        top = thickness + amplitude
+    radius = (55.0, 95.0) if metastatic else (32.0, 60.0)
+    nests = []
+    for _ in range(int(rng.integers(1, 4))):
+        r = float(rng.uniform(*radius))
+        centre = (float(rng.uniform(20, s - 20)), float(rng.uniform(min(top + 0.5 * r, s - 30), s - 10)))
+        nests.append((centre, r))
+        layers.append((TUMOUR, [[blob_outline(rng, centre, r, vertices=40, wobble=0.3)]], {}))
+    if rng.random() < (0.6 if metastatic else 0.2):
+        centre, r = max(nests, key=lambda nest: nest[1])
+        layers.append((NECROSIS, [[blob_outline(rng, centre, r * rng.uniform(0.25, 0.5), vertices=32, wobble=0.35)]],
+                       {}))
+    for _ in range(int(rng.integers(0, 5))):
+        centre = (float(rng.uniform(12, s - 12)), float(rng.uniform(top + 10, s - 8)))
+        r = float(rng.uniform(4, 12))
+        layers.append((VESSEL, [[_ellipse_ring(rng, centre, (r, r * rng.uniform(0.5, 1.0)), rng.uniform(0, np.pi),
+                                               vertices=24)]], {"red_cells": bool(rng.random() < 0.6)}))
+    if rng.random() < 0.35:  # the tissue ends inside the ROI: glass, annotated as white background
+        depth = rng.uniform(15, 45)
+        edge = [(round(float(x), 1), round(float(s - depth + 6 * np.sin(x / 17 + depth)), 1))
+                for x in np.linspace(0, s, 33)]
+        layers.append((WHITE, [[[*edge, (s, s), (0.0, s), edge[0]]]], {}))
+    turns = int(rng.integers(0, 4))
+    return [(value, [[_turn(ring, turns) for ring in polygon] for polygon in polygons], extras)
+            for value, polygons, extras in layers]
+
+
+def _turn(ring: Ring, turns: int) -> Ring:
+    s = float(REALISTIC_SIZE)
+    for _ in range(turns):
+        ring = [(round(s - y, 1), x) for x, y in ring]
+    return ring
+
+
+def _oriented_texture(rng: np.random.Generator, shape: tuple[int, int], angle: float) -> np.ndarray:
+    """Fibres: noise smoothed along one direction only, turned to ``angle``."""
+    fibres = ndimage.gaussian_filter(rng.standard_normal((shape[0] * 2, shape[1] * 2)), (0.8, 7.0))
+    fibres = ndimage.rotate(fibres, np.degrees(angle), reshape=False, order=1, mode="reflect")
+    h0, w0 = shape[0] // 2, shape[1] // 2
+    fibres = fibres[h0:h0 + shape[0], w0:w0 + shape[1]]
+    return (fibres - fibres.mean()) / (fibres.std() + 1e-9)
+
+
+def _place_nuclei(rng: np.random.Generator, true_map: np.ndarray, layers: list[tuple[int, list[Polygon], dict]],
+                  fibre_angle: float) -> list[_Nucleus]:
+    """Nuclei of every tissue at its density: tumour nuclei packed until they touch, lymphocyte aggregates in the
+    stroma, an endothelial rim on each vessel."""
+    shape = true_map.shape
+    nuclei: list[_Nucleus] = []
+    centres = np.zeros((0, 2))
+    sizes = np.zeros(0)
+
+    def add(name: str, x: float, y: float, angle: float, packing: float) -> None:
+        nonlocal centres, sizes
+        look = REALISTIC_NUCLEI[name]
+        major = float(rng.uniform(*look.radius))
+        if len(sizes) and (np.hypot(*(centres - (x, y)).T) < packing * (sizes + major)).any():
+            return
+        ring = _ellipse_ring(rng, (x, y), (major, major / rng.uniform(*look.aspect)), angle,
+                             wobble=0.2 if name == "nuclei_histiocyte" else 0.08)
+        nuclei.append(_Nucleus(name, (x, y), ring, look, angle))
+        centres = np.vstack([centres, (x, y)])
+        sizes = np.append(sizes, major)
+
+    for _, polygons, extras in layers:  # the endothelial rim of each vessel
+        if "red_cells" not in extras:
+            continue
+        ring = np.asarray(polygons[0][0][:-1])
+        centre = ring.mean(axis=0)
+        for index in rng.choice(len(ring), size=min(len(ring), int(rng.integers(2, 6))), replace=False):
+            x, y = ring[index]
+            add("nuclei_endothelium", float(x), float(y), float(np.arctan2(y - centre[1], x - centre[0]) + np.pi / 2),
+                0.9)
+    stroma = np.argwhere(true_map == STROMA)
+    if len(stroma):
+        for _ in range(int(rng.integers(0, 4))):  # lymphocyte aggregates (tumour-infiltrating lymphocytes)
+            cy, cx = stroma[int(rng.integers(len(stroma)))]
+            for _ in range(int(rng.integers(15, 50))):
+                x, y = cx + rng.normal(0, 10), cy + rng.normal(0, 10)
+                if 0 <= x < shape[1] and 0 <= y < shape[0] and true_map[int(y), int(x)] in (STROMA, TUMOUR):
+                    add("nuclei_lymphocyte", float(x), float(y), rng.uniform(0, np.pi), 1.0)
+    for tissue, (mix, density) in NUCLEI_MIX.items():
+        pixels = np.argwhere(true_map == tissue)
+        target = int(len(pixels) * density)
+        if not target:
+            continue
+        names, weights = list(mix), np.array(list(mix.values()))
+        chosen = rng.choice(len(names), size=target * 3, p=weights / weights.sum())
+        for pick, (y, x) in zip(chosen, pixels[rng.integers(len(pixels), size=target * 3)], strict=True):
+            name = names[pick]
+            angle = fibre_angle + rng.normal(0, 0.25) if name == "nuclei_stroma" else rng.uniform(0, np.pi)
+            add(name, float(x + rng.uniform()), float(y + rng.uniform()), angle,
+                0.8 if tissue == TUMOUR else 0.95 if tissue == EPIDERMIS else 1.05)
+    return nuclei
+
+
+def _stains(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(3 x 3 stain OD matrix, per-stain scale, white point) of one ROI: its site's profile and its own jitter."""
+    h_scale, e_scale, tint = SITES[int(rng.integers(len(SITES)))]
+    vectors = np.array(list(STAIN_OD.values())) + rng.normal(0, 0.05, (3, 3))
+    vectors = np.clip(vectors, 0.01, None)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    scale = np.array([h_scale * rng.uniform(0.8, 1.25), e_scale * rng.uniform(0.75, 1.3), rng.uniform(0.8, 1.2)])
+    white = rng.uniform(228, 250) + np.array(tint) + rng.uniform(-4, 4, 3)
+    return vectors, scale, white
+
+
+def realistic_roi(rng: np.random.Generator, *, metastatic: bool
+                  ) -> tuple[np.ndarray, list[dict[str, Any]], list[dict[str, Any]]]:
+    """One RGBA ROI of the realistic mirror with its tissue and nuclei GeoJSON features (see the notes above)."""
+    size = REALISTIC_SIZE
+    shape = (size, size)
+    layers = _realistic_layout(rng, metastatic)
+    true_map = rasterise_tissue([Annotation(TISSUE_CLASSES[v], tuple(p)) for v, p, _ in layers], shape)
+    tissue_features = [_feature(TISSUE_CLASSES[value], [[_coarse(rng, ring) for ring in polygon]
+                                                        for polygon in polygons], TISSUE_RGB[value])
+                       for value, polygons, _ in layers]
+    fibre_angle = float(rng.uniform(0, np.pi))
+    grain = ndimage.gaussian_filter(rng.standard_normal(shape), 1.0)
+    grain /= grain.std()
+    smudge = ndimage.gaussian_filter(rng.standard_normal(shape), 3.0)
+    smudge /= smudge.std()
+    fibres = _oriented_texture(rng, shape, fibre_angle)
+    hema, eosin, melanin = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    tissue = true_map == STROMA
+    eosin[tissue] = np.clip(0.38 * (1 + 0.3 * fibres) - 0.1 * (smudge > 1.0), 0.06, None)[tissue]
+    hema[tissue] = 0.04
+    tissue = true_map == TUMOUR
+    eosin[tissue] = (0.32 + 0.06 * grain)[tissue]
+    hema[tissue] = (0.1 + 0.03 * grain)[tissue]
+    if rng.random() < 0.4:  # a pigmented tumour
+        melanin[tissue] = np.clip(rng.uniform(0.1, 0.35) * (1 + smudge), 0, None)[tissue]
+    tissue = true_map == EPIDERMIS
+    eosin[tissue] = (0.3 + 0.05 * grain)[tissue]
+    hema[tissue] = 0.18
+    tissue = true_map == NECROSIS
+    eosin[tissue] = (0.28 + 0.08 * smudge)[tissue]
+    hema[tissue] = np.clip(0.22 + 0.1 * smudge, 0.05, None)[tissue]
+    debris = tissue & (rng.random(shape) < 0.03)
+    hema[ndimage.binary_dilation(debris)] = 1.2  # karyorrhectic dust: dark specks no one annotates
+    for value, polygons, extras in layers:
+        if value != VESSEL:
+            continue
+        lumen = polygon_mask(polygons[0], shape)
+        wall = ndimage.binary_dilation(lumen, iterations=2) & ~lumen
+        eosin[wall] = 0.65
+        eosin[lumen] = (1.0 + 0.15 * grain)[lumen] if extras["red_cells"] else 0.03
+        hema[lumen] = 0.0
+    rows, cols = np.mgrid[0:size, 0:size]
+    border = np.minimum(np.minimum(rows, cols), np.minimum(size - 1 - rows, size - 1 - cols))
+    keratin = (true_map == EPIDERMIS) & (border < 6)  # the skin surface is the ROI edge the band lies on
+    eosin[keratin] = (0.75 + 0.1 * fibres)[keratin]
+    white = true_map == WHITE
+    eosin[white], hema[white], melanin[white] = 0.02, 0.0, 0.0
+
+    nuclei = _place_nuclei(rng, true_map, layers, fibre_angle)
+    for nucleus in nuclei:  # cytoplasm first, so that a neighbour's nucleus lies on top of it
+        halo = nucleus.look.halo
+        if not halo:
+            continue
+        cx, cy = nucleus.centre
+        offset = 1.5 if halo == "pink" else 0.0  # a plasma cell's nucleus sits at one end of its cytoplasm
+        ring = _ellipse_ring(rng, (cx + offset * np.cos(nucleus.angle), cy + offset * np.sin(nucleus.angle)),
+                             (nucleus.look.radius[1] * 1.9, nucleus.look.radius[1] * 1.5), nucleus.angle)
+        region = ring_mask(ring, shape)
+        if halo == "pink":
+            eosin[region], hema[region] = 0.55, 0.2
+        elif halo == "foamy":
+            eosin[region], hema[region] = 0.18, 0.05
+        elif halo == "brown":
+            melanin[region] = (0.7 + 0.3 * grain)[region]
+        else:
+            eosin[region] = 0.85
+    for nucleus in nuclei:
+        mask = ring_mask(nucleus.ring, shape)
+        if not mask.any():
+            continue
+        look = nucleus.look
+        if look.lobes:
+            mask = np.zeros(shape, dtype=bool)
+            cx, cy = nucleus.centre
+            for lobe in range(look.lobes):
+                a = nucleus.angle + 2 * np.pi * lobe / look.lobes
+                mask |= ellipse_mask(shape, (cy + 1.6 * np.sin(a), cx + 1.6 * np.cos(a)), (1.5, 1.5))
+        chromatin = look.hematoxylin * (1 + 0.15 * grain)
+        rim = mask & ~ndimage.binary_erosion(mask)
+        hema[mask] = chromatin[mask]
+        if look.nucleolus:
+            hema[rim] += 0.3  # a vesicular nucleus: chromatin along the membrane
+        eosin[mask] *= 0.5
+        if rng.random() < look.nucleolus:
+            cx, cy = nucleus.centre
+            hema[ellipse_mask(shape, (cy + rng.normal(0, 0.8), cx + rng.normal(0, 0.8)), (1.0, 1.0))] = 1.5
+    # artefacts: a fold (two layers of tissue) and an out-of-focus patch
+    concentrations = np.stack([hema, eosin, melanin], axis=-1)
+    if rng.random() < 0.25:
+        a, offset = rng.uniform(0, np.pi), rng.uniform(-60, 60)
+        band = np.abs((cols - size / 2) * np.cos(a) + (rows - size / 2) * np.sin(a) - offset) < rng.uniform(4, 10)
+        concentrations[band & ~white] *= 1.8
+    vectors, scale, white_point = _stains(rng)
+    optical_density = (concentrations * scale) @ vectors
+    rgb = white_point * np.exp(-optical_density)
+    rgb = ndimage.gaussian_filter(rgb, (rng.uniform(0.3, 0.9),) * 2 + (0,))
+    if rng.random() < 0.3:
+        blurred = ndimage.gaussian_filter(rgb, (2.2, 2.2, 0))
+        patch = ellipse_mask(shape, tuple(rng.uniform(40, size - 40, 2)), tuple(rng.uniform(25, 60, 2)))
+        rgb[patch] = blurred[patch]
+    rgb += rng.normal(0, 2.5, rgb.shape)
+    nuclei_features = []
+    for nucleus in nuclei:
+        roll = rng.random()
+        if roll < 0.03:  # missed by the annotator
+            continue
+        name = LOOK_ALIKES.get(nucleus.name, nucleus.name) if roll > 0.96 else nucleus.name
+        parts = [[nucleus.ring]]
+        if rng.random() < 0.01:
+            parts.append([blob_outline(rng, (nucleus.centre[0] + nucleus.look.radius[1] + 2, nucleus.centre[1]), 1.0,
+                                       vertices=6, wobble=0.1)])
+        nuclei_features.append(_feature(name, parts, NUCLEUS_LOOK[name][0]))
+    alpha = np.full((*shape, 1), 255.0)
+    return to_uint8(np.concatenate([rgb, alpha], axis=2)), tissue_features, nuclei_features
