@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +96,9 @@ def test_prepared_folders_hold_the_split_and_leak_no_test_label(task_id: str, pr
         assert not path.is_symlink()
         relative = path.relative_to(public).as_posix()
         if path.is_file() and not relative.startswith(("test/", "sample_submission/")) and relative.count("/"):
-            assert not any(case_id in path.name for case_id in test), relative
+            # a whole id, not a prefix of another name (test case D1 beside training case D15)
+            assert not any(re.search(rf"(?<![A-Za-z0-9]){re.escape(case_id)}(?![A-Za-z0-9])", path.name)
+                           for case_id in test), relative
     label_digests = {d for name, d in file_checksums(private).items() if name.startswith("labels/")}
     assert len(label_digests) == len(test)
     assert not label_digests & set(file_checksums(public).values())
