@@ -475,9 +475,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{task} {difficulty} {preset}: {fmt(result['score'])} (level {result['level']}, "
                           f"{result['seconds']:.0f} s)", flush=True)
         metric = {t: PRIMARY[t] for t in PRIMARY}
-        print(f"\n| task | difficulty | preset | final {'/'.join(metric[t] for t in args.tasks.split(','))} | "
-              "level | vs sample | vs quick baseline | percentile |")
-        print("|---|---|---|---|---|---|---|---|")
+        if rows:
+            print(f"\n| task | difficulty | preset | final {'/'.join(metric[t] for t in args.tasks.split(','))} | "
+                  "level | vs sample | vs quick baseline | percentile |")
+            print("|---|---|---|---|---|---|---|---|")
         for task, difficulty, preset, result, sample, baseline, baseline_name in rows:
             score = result["score"]
             vs_sample = None if score is None or sample["score"] is None else score - sample["score"]
