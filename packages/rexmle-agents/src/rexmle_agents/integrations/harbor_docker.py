@@ -5,7 +5,7 @@ which Debian's ``docker.io`` does not ship. rexmle's exported tasks need none of
 no network, the public data either in the image or bound read-only from the folder ``rexmle prepare`` wrote. This
 environment gives Harbor exactly that on any engine the ``docker`` CLI reaches (``DOCKER_HOST`` honoured)::
 
-    pip install rexmle-agents            # into Harbor's own environment (Python >= 3.12)
+    pip install 'rexmle-agents[harbor]'  # into Harbor's own environment (Python >= 3.12)
     harbor run -p DATASET -a oracle \\
         --environment-import-path rexmle_agents.integrations.harbor_docker:RexmleDockerEnvironment
 
