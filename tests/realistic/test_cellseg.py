@@ -4,7 +4,6 @@ layout, the confounders of real multi-modality microscopy measured, and the diff
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from rexmle_tasks.families.cellseg import (
 )
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 TASK = "neurips-cellseg"
 ARCHIVES = ["Testing.zip", "Training-labeled.zip", "Tuning.zip", "train-unlabeled-part1.zip",
@@ -40,12 +40,6 @@ def prepare(root: Path, *, cases: int, seed: int = 0, secret: str = "cellseg-rea
     return dirs.root
 
 
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 def read(path: Path) -> np.ndarray:

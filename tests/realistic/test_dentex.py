@@ -3,7 +3,6 @@ the confounders of real panoramic X-rays measured, and the difficulty ladder sam
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zipfile
 from collections import Counter
@@ -17,6 +16,7 @@ from rexmle_tasks.check import check_task
 from rexmle_tasks.families.dentex import ARCHIVE, SUBSET, realistic_xray, synthetic_xray
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 DISEASE = f"training_data/{SUBSET}"
 DISEASE_JSON = f"{DISEASE}/train_quadrant_enumeration_disease.json"
@@ -32,12 +32,6 @@ def prepare(root: Path, *, cases: int, seed: int = 0, secret: str = "dentex-real
     return dirs.root
 
 
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ confounders of real pancreatic MRI measured, and the difficulty ladder sample < 
 
 from __future__ import annotations
 
-import hashlib
 import re
 import zipfile
 from pathlib import Path
@@ -14,6 +13,7 @@ import SimpleITK as sitk
 
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 SECRET = "panther-realistic-pin"
 TASKS = ("panther-task1", "panther-task2")
@@ -27,13 +27,6 @@ MEMBERS = {
 CASE_ID = {"panther-task1": re.compile(r"\d{5}_0001"), "panther-task2": re.compile(r"\d{5}")}
 
 
-def raw_digest(raw: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(raw.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            content = hashlib.sha256(path.read_bytes()).digest()
-            digest.update(path.relative_to(raw).as_posix().encode() + b"\0" + content)
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +47,7 @@ def test_the_realistic_mirror_is_deterministic_for_a_secret_and_seed(tmp_path: P
     def digest(folder: str, secret: str, seed: int = 0) -> str:
         dirs = task_dirs(task, tmp_path / folder)
         prepare_task(task, dirs, synthetic=True, cases=4, seed=seed, difficulty="realistic", secret=secret)
-        return raw_digest(dirs.raw)
+        return tree_digest(dirs.raw)
 
     first = digest("a", SECRET)
     assert digest("b", SECRET) == first

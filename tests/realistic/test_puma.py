@@ -7,7 +7,6 @@ mirror's bytes are pinned in packages/rexmle-tasks/tests/test_easy_mirrors_uncha
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -27,19 +26,13 @@ from rexmle_tasks.families.puma import (
 )
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 TASKS = ("puma-track1-task1", "puma-track2-task1", "puma-track1-task2", "puma-track2-task2")
 SECRET = "puma-realistic-pin"
 CASES = 16  # 12 training ROIs and 4 test ROIs (the hashed split of task.yaml)
 
 
-def raw_digest(raw: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(raw.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            content = hashlib.sha256(path.read_bytes()).digest()
-            digest.update(path.relative_to(raw).as_posix().encode() + b"\0" + content)
-    return digest.hexdigest()
 
 
 def prepare(root: Path, task_id: str = "puma-track1-task1", *, secret: str = SECRET, cases: int = 6):
@@ -72,9 +65,9 @@ def roi(raw: Path, stem: str) -> np.ndarray:
 
 # ---- determinism -------------------------------------------------------------------------------------------------
 def test_the_realistic_mirror_is_fixed_by_secret_and_seed(tmp_path: Path) -> None:
-    first = raw_digest(prepare(tmp_path / "a", cases=4).raw)
-    assert raw_digest(prepare(tmp_path / "b", cases=4).raw) == first
-    assert raw_digest(prepare(tmp_path / "c", cases=4, secret="another-secret").raw) != first
+    first = tree_digest(prepare(tmp_path / "a", cases=4).raw)
+    assert tree_digest(prepare(tmp_path / "b", cases=4).raw) == first
+    assert tree_digest(prepare(tmp_path / "c", cases=4, secret="another-secret").raw) != first
 
 
 # ---- the real layout ---------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ mask values, the confounders of real infrared SLO images measured, and the diffi
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from rexmle_tasks.families.ravir import (
 )
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 SECRET = "ravir-realistic"
 Fundus = tuple[np.ndarray, np.ndarray]  # (image, mask) as the generators return them
@@ -45,12 +45,6 @@ def prepare(root: Path, *, cases: int = CASES, seed: int = 1, secret: str = SECR
     return dirs
 
 
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 def members(archive: Path) -> list[str]:

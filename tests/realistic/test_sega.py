@@ -4,7 +4,6 @@ and the largest component) < the quick trained network."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import re
 import zipfile
@@ -19,6 +18,7 @@ from rexmle_tasks.check import check_task
 from rexmle_tasks.families.sega import INSTITUTIONS, PROTOCOLS, _aorta_cta, _realistic_aorta_cta
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 TASK = "seg_a"
 SECRET = "sega-realistic"
@@ -35,12 +35,6 @@ def prepare(root: Path, *, cases: int, seed: int = 4, secret: str = SECRET) -> P
     return dirs.root
 
 
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ real handheld-versus-cart ultrasound measured, and the difficulty ladder sample 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import zipfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from rexmle_tasks.families.usenhance import (
 )
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 #: the ladder's case count: 32 training and 8 test pairs, on which the quick UNet trains in a few CPU minutes
 LADDER_CASES = 40
@@ -42,12 +42,6 @@ def prepare(root: Path, *, cases: int, seed: int = 0, secret: str = SECRET) -> P
     return dirs.root
 
 
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")

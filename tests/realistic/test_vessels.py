@@ -4,7 +4,6 @@ trained rung in the slow tests)."""
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from rexmle_tasks.families.vessels import (
 )
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
+from rexmle_tasks.splits import tree_digest
 
 SECRET = "vessels-realistic"
 TOPCOW_TOP = topcow.TOP_FOLDER
@@ -49,12 +49,6 @@ def prepare(root: Path, task_id: str, *, cases: int, seed: int = 0, secret: str 
     return dirs
 
 
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith(".rexmle"):
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 def members(archive: Path) -> list[str]:

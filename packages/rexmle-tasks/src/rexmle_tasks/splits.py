@@ -65,3 +65,14 @@ def file_checksums(root: Path, exclude: Iterable[str] = ()) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.is_symlink() and p.relative_to(root).as_posix() not in skip
     }
+
+
+def tree_digest(root: Path) -> str:
+    """One sha256 over every regular file under ``root``: its relative posix path and the sha256 of its bytes, in
+    path order. The preparation's own records (``.rexmle-*``: the source, the extraction, the synthetic secret) are
+    left out, so two mirrors drawn alike digest alike whatever their secret file or bookkeeping says."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and not path.name.startswith(".rexmle"):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + bytes.fromhex(sha256_file(path)))
+    return digest.hexdigest()
