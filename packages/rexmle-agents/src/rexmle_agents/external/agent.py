@@ -223,8 +223,9 @@ class ExternalAgent(BaseAgent):
                                     hint=f"its full output is in {_relative(result.stdout_path, ctx)} (and "
                                          ".stderr) and its own logs in logs/agent/")
         if not result.ok:
-            ctx.journal.append("warning", message=f"{spec.name} exited with status {result.exit_code} "
-                               f"({result.stopped_by or 'no limit'}); its submissions so far are kept")
+            how = (f"exited with status {result.exit_code} ({result.stopped_by or 'no limit'})"
+                   if result.exit_code is not None else f"was ended ({result.stopped_by or 'no exit status'})")
+            ctx.journal.append("warning", message=f"{spec.name} {how}; its submissions so far are kept")
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def _routes(self, ctx: RunContext) -> dict[str, Route]:
