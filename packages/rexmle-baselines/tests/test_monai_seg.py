@@ -188,3 +188,40 @@ def test_the_gpu_recipe_runs_end_to_end_at_toy_size_on_a_cpu(prepared, tmp_path:
     assert run.valid, run.problems
     assert run.params["crop"] == "classes" and run.params["resample"] == "median" and run.params["flips"] == "auto"
     assert run.measurements["cache_rate"] < 1.0 and any("spacing" in line for line in lines)
+
+
+def test_dataset_intensities_follow_the_training_foreground_as_nnunet_does_for_ct(prepared) -> None:
+    """``intensity=dataset``: every image clipped to the 0.5-99.5 percentiles of the training foreground voxels and
+    z-scored with their mean and standard deviation, whatever else the image holds; ``case`` is unchanged."""
+    from rexmle_baselines.convert import segmentation_io
+    from rexmle_baselines.monai_seg import Normaliser, normalise
+
+    io = segmentation_io("seg_a", "seg_a", prepared.public("seg_a", cases=4))
+    cases = io.training_cases()
+    fitted = Normaliser.fit("dataset", io, cases, seed=0)
+    values = np.concatenate([io.read_image(c)[0][0][io.read_label(c) > 0] for c in cases]).astype(np.float64)
+    low, high = np.percentile(values, [0.5, 99.5])
+    clipped = np.clip(values, low, high)
+    (stats,) = fitted.stats
+    assert stats == pytest.approx((low, high, clipped.mean(), clipped.std()))
+    # by hand: a value at the foreground mean maps to 0, one a standard deviation above to 1, far values clip
+    image = np.array([[[[stats[2], stats[2] + stats[3], 1e9, -1e9]]]], dtype=np.float64)
+    out = fitted(image)
+    assert out[0, 0, 0, :2] == pytest.approx([0.0, 1.0], abs=1e-5)
+    assert out[0, 0, 0, 2] == pytest.approx((high - stats[2]) / stats[3], rel=1e-5)
+    assert out[0, 0, 0, 3] == pytest.approx((low - stats[2]) / stats[3], rel=1e-5)
+    # the same value means the same thing in every image: a brighter background does not shift it
+    first = io.read_image(cases[0])[0]
+    assert np.allclose(fitted(first), fitted(np.concatenate([first, first * 0 + 5e3], axis=-1))[..., :first.shape[-1]])
+    assert np.array_equal(Normaliser.fit("case", io, cases, seed=0)(first), normalise(first))
+    with pytest.raises(UserInputError, match="intensity must be one of"):
+        Normaliser.fit("global", io, cases, seed=0)
+
+
+def test_strong_intensity_augmentation_is_a_choice_and_a_bad_one_is_refused(prepared, tmp_path: Path) -> None:
+    public = prepared.public("seg_a", cases=4)
+    with pytest.raises(UserInputError, match="intensity_aug must be one of"):
+        run_baseline("monai-seg", "seg_a", public_dir=public, out=tmp_path / "sub", work_dir=tmp_path / "w",
+                     overrides={"intensity_aug": "extreme", "epochs": 1})
+    assert MonaiSegmentation.configs["quick"]["intensity_aug"] == "light"
+    assert MonaiSegmentation.configs["quick"]["intensity"] == "case"

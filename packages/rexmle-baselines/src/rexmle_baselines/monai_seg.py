@@ -6,13 +6,17 @@ recipe is MONAI's usual one (Auto3DSeg's SegResNet in ``full``):
 
 - 3-D volumes resampled to the training set's median spacing (``resample=median``; predictions go back to each test
   image's own grid by nearest neighbour), 2-D images used as they are;
-- per-case intensity normalisation (each channel clipped to its 0.5-99.5 percentiles, then z-scored);
+- per-case intensity normalisation (each channel clipped to its 0.5-99.5 percentiles, then z-scored), or for CT
+  nnU-Net's dataset rule (``intensity=dataset``: the training foreground's percentiles and moments, so a value means
+  the same in every scan);
 - a bounded ``CacheDataset``: normalised images cached as float16 and labels as uint8 (3 bytes a voxel with one
   channel instead of 12 with float32 and int64), and only as many cases as ``cache_gb`` holds (the others are read
   again each epoch);
 - patches centred on foreground/background (``crop=pos_neg``) or on every class equally often (``crop=classes``,
   so rare vessels are seen), random rotation and scaling, intensity scaling and shifting, and flips on every axis
-  unless the task's labels tell left from right (``flips=auto``);
+  unless the task's labels tell left from right (``flips=auto``); ``intensity_aug=strong`` adds nnU-Net's kind of
+  intensity augmentation (noise, wider scaling and shifting, gamma) for test scans whose contrast the few training
+  scans barely cover;
 - ``DiceCELoss``, AdamW with a cosine schedule, bfloat16 mixed precision on a GPU (``amp``);
 - Gaussian-weighted ``sliding_window_inference``; on the vessel tasks (``keep_largest=auto``) MONAI's
   ``KeepLargestConnectedComponent`` per label.
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 
 NETWORKS = ("unet", "segresnet")
 CROPS = ("pos_neg", "classes")
+INTENSITY_AUGS = ("light", "strong")
 
 
 def normalise(image: np.ndarray) -> np.ndarray:
@@ -61,6 +66,67 @@ def normalise(image: np.ndarray) -> np.ndarray:
         clipped = np.clip(channel, low, high)
         out[c] = (clipped - clipped.mean()) / max(float(clipped.std()), 1e-6)
     return out
+
+
+INTENSITY_MODES = ("case", "dataset")
+FOREGROUND_SAMPLE = 100_000  # foreground voxels kept per training case for the dataset statistics
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """How images are scaled before the network. ``case``: :func:`normalise`, each image on its own (right for MR,
+    whose scale is arbitrary). ``dataset``: nnU-Net's rule for CT, whose values are calibrated (Hounsfield units):
+    every image clipped to the 0.5-99.5 percentiles of the training set's foreground voxels and z-scored with their
+    mean and standard deviation, so a vessel is as bright in every scan as its value says, whatever else the scan
+    holds (bone, a wider field of view)."""
+
+    mode: str = "case"
+    # per channel: (low, high, mean, std) of the training foreground; empty in ``case`` mode
+    stats: tuple[tuple[float, float, float, float], ...] = ()
+
+    @classmethod
+    def fit(cls, mode: str, io: SegmentationIO, cases: Sequence[SegCase], seed: int) -> Normaliser:
+        if mode not in INTENSITY_MODES:
+            raise UserInputError(f"intensity must be one of {', '.join(INTENSITY_MODES)}, got {mode!r}",
+                                 hint="--set intensity=dataset for CT (calibrated values), case otherwise")
+        if mode == "case":
+            return cls()
+        rng = np.random.default_rng(seed)
+        pooled: list[list[np.ndarray]] = []
+        for case in cases:
+            image, _ = io.read_image(case)
+            foreground = io.read_label(case) > 0
+            pooled += [[] for _ in range(len(image) - len(pooled))]
+            for c, channel in enumerate(image):
+                values = channel[foreground]
+                if len(values) > FOREGROUND_SAMPLE:
+                    values = rng.choice(values, FOREGROUND_SAMPLE, replace=False)
+                pooled[c].append(values.astype(np.float64))
+        stats = []
+        for c, parts in enumerate(pooled):
+            values = np.concatenate(parts) if parts else np.zeros(0)
+            if values.size < 2:
+                raise UserInputError(f"intensity=dataset needs foreground voxels in the training labels; channel {c} "
+                                     f"has {values.size}", hint="--set intensity=case")
+            low, high = np.percentile(values, [0.5, 99.5])
+            clipped = np.clip(values, low, high)
+            stats.append((float(low), float(high), float(clipped.mean()), max(float(clipped.std()), 1e-6)))
+        return cls(mode, tuple(stats))
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        if self.mode == "case":
+            return normalise(image)
+        out = np.empty_like(image, dtype=np.float32)
+        for c, channel in enumerate(image):
+            low, high, mean, std = self.stats[c]
+            out[c] = (np.clip(channel, low, high) - mean) / std
+        return out
+
+    def describe(self) -> str:
+        if self.mode == "case":
+            return "each image clipped to its 0.5-99.5 percentiles and z-scored"
+        parts = [f"[{low:.4g}, {high:.4g}] then (x - {mean:.4g}) / {std:.4g}" for low, high, mean, std in self.stats]
+        return "the training foreground's percentiles and moments (CT): " + "; ".join(parts)
 
 
 # ---- geometry: the median spacing ------------------------------------------------------------------------------
@@ -117,16 +183,17 @@ class LoadCase:
     normalised image as float16 and its training label map as uint8, both with a channel axis, on the network's
     grid."""
 
-    def __init__(self, io: SegmentationIO, grid: Grid) -> None:
+    def __init__(self, io: SegmentationIO, grid: Grid, normaliser: Normaliser | None = None) -> None:
         self.io = io
         self.grid = grid
+        self.normaliser = normaliser or Normaliser()
 
     def __call__(self, item: Mapping[str, Any]) -> dict[str, np.ndarray]:
         case: SegCase = item["case"]
         image, _ = self.io.read_image(case)
         label = self.io.read_label(case)[None]
         factors = self.grid.factors(self.io, case)
-        image = normalise(image)
+        image = self.normaliser(image)
         if factors is not None:
             image = resample(image, factors, order=1)
             label = resample(label, factors, order=0)
@@ -257,7 +324,8 @@ def planned_epochs(params: Mapping[str, Any], n_cases: int) -> int:
     return int(np.clip(round(int(params["target_steps"]) / max(1, steps_per_epoch)), low, high))
 
 
-def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, ctx: BaselineContext) -> Any:
+def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, ctx: BaselineContext,
+                        normaliser: Normaliser | None = None) -> Any:
     monai = require_module("monai", extra="monai", package="rexmle-baselines")
     t = monai.transforms
     # CacheDataset caches the output of the leading steps that are MONAI transforms and not random: ours must say
@@ -281,7 +349,7 @@ def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, 
                                            fg_indices_key=FG_INDICES, bg_indices_key=BG_INDICES)
         index_keys = [FG_INDICES, BG_INDICES]
     # the centres are computed once per case (cached with it) and dropped once the patches are cut
-    steps = [LoadCase(io, grid), t.SpatialPadd(keys=keys, spatial_size=patch),
+    steps = [LoadCase(io, grid, normaliser), t.SpatialPadd(keys=keys, spatial_size=patch),
              CropCentres(len(io.labels), pos_neg=crop != "classes"), cropper, t.DeleteItemsd(keys=index_keys),
              t.CastToTyped(keys=keys, dtype=(np.float32, np.int64))]
     if params["spatial_aug"]:
@@ -291,13 +359,23 @@ def training_transforms(io: SegmentationIO, patch: tuple[int, ...], grid: Grid, 
                                    padding_mode="border"))
     if uses_flips(params, lateralised=ctx.lateralised):
         steps += [t.RandFlipd(keys=keys, prob=0.5, spatial_axis=axis) for axis in range(io.dim)]
-    steps += [t.RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
-              t.RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5)]
+    strength = str(params["intensity_aug"])
+    if strength not in INTENSITY_AUGS:
+        raise UserInputError(f"intensity_aug must be one of {', '.join(INTENSITY_AUGS)}, got {strength!r}",
+                             hint="--set intensity_aug=strong")
+    if strength == "light":
+        steps += [t.RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
+                  t.RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5)]
+    else:  # nnU-Net's kind of intensity augmentation, for test scans whose contrast the training set barely covers
+        steps += [t.RandGaussianNoised(keys="image", prob=0.15, std=0.1),
+                  t.RandScaleIntensityd(keys="image", factors=0.25, prob=0.5),
+                  t.RandShiftIntensityd(keys="image", offsets=0.25, prob=0.5),
+                  t.RandAdjustContrastd(keys="image", prob=0.3, gamma=(0.7, 1.5))]
     return t.Compose(steps).set_random_state(seed=ctx.seed)
 
 
 def training_loader(io: SegmentationIO, cases: Sequence[SegCase], patch: tuple[int, ...], grid: Grid,
-                    in_channels: int, ctx: BaselineContext) -> Any:
+                    in_channels: int, ctx: BaselineContext, normaliser: Normaliser | None = None) -> Any:
     monai = require_module("monai", extra="monai", package="rexmle-baselines")
     torch = require_module("torch", extra="monai", package="rexmle-baselines")
     params = ctx.params
@@ -307,8 +385,9 @@ def training_loader(io: SegmentationIO, cases: Sequence[SegCase], patch: tuple[i
     if rate < 1.0:
         ctx.log(f"caching {rate:.0%} of the training cases (cache_gb={params['cache_gb']}); the rest are read each "
                 "epoch")
-    dataset = monai.data.CacheDataset([{"case": c} for c in cases], transform=training_transforms(io, patch, grid, ctx),
-                                      cache_rate=rate, num_workers=0, progress=False)
+    transforms = training_transforms(io, patch, grid, ctx, normaliser)
+    dataset = monai.data.CacheDataset([{"case": c} for c in cases], transform=transforms, cache_rate=rate,
+                                      num_workers=0, progress=False)
     return monai.data.DataLoader(dataset, batch_size=int(params["batch_size"]), shuffle=True,
                                  num_workers=int(params["workers"]), collate_fn=monai.data.list_data_collate,
                                  generator=torch.Generator().manual_seed(ctx.seed))
@@ -328,7 +407,7 @@ class MonaiSegmentation(Baseline):
         "target_steps": 40000, "epochs_range": (100, 1000), "lr": 2e-4, "weight_decay": 1e-5, "overlap": 0.5,
         "sw_batch_size": 2, "cache_rate": 1.0, "cache_gb": 48.0, "workers": 4, "keep_largest": "auto",
         "resample": "median", "spatial_aug": True, "flips": "auto", "amp": True, "deterministic": False,
-        "time_aware": False, "reserve_s": 1800.0}
+        "time_aware": False, "reserve_s": 1800.0, "intensity": "case", "intensity_aug": "light"}
     configs: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU minutes: a small UNet on small patches, no spatial augmentation, each image on its own grid
         "quick": {**_full, "network": "unet", "channels": (8, 16, 32), "strides": (2, 2), "num_res_units": 1,
@@ -372,7 +451,10 @@ class MonaiSegmentation(Baseline):
                 f"{params['network']} with {sum(p.numel() for p in model.parameters()):,} parameters, "
                 f"patch {list(patch)}, up to {epochs} epochs"
                 + ("" if grid.target is None else f", spacing {[round(v, 3) for v in grid.target]} (z, y, x)"))
-        loader = training_loader(io, cases, patch, grid, in_channels, ctx)
+        normaliser = Normaliser.fit(str(params["intensity"]), io, cases, ctx.seed)
+        if normaliser.mode != "case":
+            ctx.log(f"intensities: {normaliser.describe()}")
+        loader = training_loader(io, cases, patch, grid, in_channels, ctx, normaliser)
         loss_fn = losses.DiceCELoss(to_onehot_y=True, softmax=True)
         optimiser, schedule = adamw_cosine(model, params, epochs)
         plan = EpochPlan(ctx, epochs)
@@ -395,9 +477,10 @@ class MonaiSegmentation(Baseline):
             schedule.resize(plan.after_epoch())
             schedule.step()
         record_speed(ctx, clock=clock)
-        self.predict(ctx, io, model, patch, grid)
+        self.predict(ctx, io, model, patch, grid, normaliser)
 
-    def predict(self, ctx: BaselineContext, io: SegmentationIO, model: Any, patch: tuple[int, ...], grid: Grid) -> None:
+    def predict(self, ctx: BaselineContext, io: SegmentationIO, model: Any, patch: tuple[int, ...], grid: Grid,
+                normaliser: Normaliser | None = None) -> None:
         torch = require_module("torch", extra=self.extra, package="rexmle-baselines")
         inferers = require_module("monai.inferers", extra=self.extra, package="rexmle-baselines")
         params = ctx.params
@@ -408,7 +491,7 @@ class MonaiSegmentation(Baseline):
             image, _ = io.read_image(case)
             shape = image.shape[1:]
             factors = grid.factors(io, case)
-            normalised = normalise(image)
+            normalised = (normaliser or Normaliser())(image)
             if factors is not None:
                 normalised = resample(normalised, factors, order=1)
             inputs = torch.from_numpy(normalised)[None].to(ctx.device)

@@ -706,9 +706,12 @@ HYPOPLASTIC = ("Acom", "R-Pcom", "L-Pcom")  # the segments that are often thread
 
 def make_realistic_patient(rng: np.random.Generator) -> Patient:
     """A patient of the realistic mirror: variants at realistic rates, hypoplastic communicating arteries (radius
-    0.6-0.8 voxel: the centreline voxels only, dim by partial volume), wider calibre and shape differences."""
+    0.6-0.8 voxel: the centreline voxels only, dim by partial volume), wider calibre and shape differences: every
+    branch point and bend moves on its own by about 0.02 head units (1.6 voxels, clipped at twice that), some 8 %
+    of the circle's width, as segment lengths and branching positions differ between real patients by several
+    millimetres of a circle 40-50 mm wide (the easy mirror's 0.004 left every patient the atlas's copy)."""
     variant = sample_realistic_variant(rng)
-    points = _jittered_points(rng, scale_range=0.12, shift_range=0.02, jitter_sd=0.008)
+    points = _jittered_points(rng, scale_range=0.12, shift_range=0.02, jitter_sd=0.02)
     calibre = rng.uniform(0.88, 1.12)
     absent = _absent_vessels(rng, variant, 0.12)
     thin = {name for name in HYPOPLASTIC if rng.random() < 0.35}
@@ -737,23 +740,35 @@ class RealisticFrames:
     def sample(self, rng: np.random.Generator) -> Frame:
         lo, hi = np.asarray(self.base.fov_lo), np.asarray(self.base.fov_hi)
         centre = (lo + hi) / 2 + rng.uniform(-self.window_shift, self.window_shift, 3)
-        half = (hi - lo) / 2 * rng.uniform(*self.zoom)
-        inplane = round(float(rng.uniform(*self.base.inplane_mm)), 6)
+        zoom = float(rng.uniform(*self.zoom))
         ratio = float(rng.uniform(*self.slice_ratio))
         nx = int(rng.integers(self.base.size_lo[0], self.base.size_hi[0] + 1))
         ny = int(rng.integers(self.base.size_lo[1], self.base.size_hi[1] + 1))
-        # a thick-slice scan covers the same height with fewer slices
-        nz = max(24, round(int(rng.integers(self.base.size_lo[2], self.base.size_hi[2] + 1)) / ratio))
+        # The spacing is what the field of view and the voxel count make it, as in a real scanner: one head unit is
+        # always the same number of millimetres, so a zoomed-in scan has finer voxels and resampling every scan to
+        # one spacing gives every head one scale. x and y share the in-plane step; slices are ``ratio`` steps apart,
+        # so a thick-slice scan covers the window's height with fewer slices.
+        step = (hi[0] - lo[0]) * zoom / (nx - 1)
+        nz = max(24, round((hi[2] - lo[2]) * zoom / (step * ratio)) + 1)
         size = (nx, ny, nz)
-        spacing = (inplane, inplane, round(inplane * ratio, 6))
+        extent = np.array([nx - 1, ny - 1, (nz - 1) * ratio]) * step
+        fov_lo, fov_hi = centre - extent / 2, centre + extent / 2
+        inplane = round(step * self.mm_per_head_unit, 6)
+        spacing = (inplane, inplane, round(step * ratio * self.mm_per_head_unit, 6))
         origin = tuple(round(-(n - 1) * s / 2 + float(rng.uniform(-15, 15)), 3)
                        for n, s in zip(size, spacing, strict=True))
         grid = Grid(size=size, spacing=spacing, origin=origin)  # type: ignore[arg-type]
-        fov_lo, fov_hi = centre - half, centre + half
-        steps = (fov_hi - fov_lo) / (np.asarray(size) - 1)
         return Frame(grid=grid, fov_lo=tuple(float(v) for v in fov_lo),  # type: ignore[arg-type]
                      fov_hi=tuple(float(v) for v in fov_hi),  # type: ignore[arg-type]
-                     voxel_scale=tuple(float(v) for v in steps / steps[0]))  # type: ignore[arg-type]
+                     voxel_scale=(1.0, 1.0, ratio))
+
+    @property
+    def mm_per_head_unit(self) -> float:
+        """Millimetres per head-coordinate unit: the scanner kind's middle in-plane spacing at its middle field of
+        view and voxel count (the heads are scaled down with the grids, so this is not a real head's size)."""
+        voxels = (self.base.size_lo[0] + self.base.size_hi[0]) / 2
+        nominal_step = (self.base.fov_hi[0] - self.base.fov_lo[0]) / (voxels - 1)
+        return float(np.mean(self.base.inplane_mm)) / nominal_step
 
 
 def _ellipsoid(ax: np.ndarray, ay: np.ndarray, az: np.ndarray, centre: Point, radii: Point) -> np.ndarray:
