@@ -315,7 +315,7 @@ def ladder_overrides(track: int) -> dict[str, object]:
     equally often, a deeper UNet, 160 epochs (1,440 steps on 9 training scans; at 40 epochs, 360 steps, the loss
     stalled near 0.9 and Dice stayed under 0.1), nnU-Net's intensity augmentation, and on CTA (track 1) nnU-Net's
     dataset normalisation, so that a vessel's Hounsfield value means the same in every scan whatever bone it holds.
-    About 15 CPU minutes on one thread."""
+    About 15 CPU minutes on one thread for TopCoW, 50 for TopBrain (40 labels, larger scans)."""
     return {"resample": "median", "patch_size_3d": (32, 64, 64), "channels": (16, 32, 64, 128), "strides": (2, 2, 2),
             "crop": "classes", "epochs": 160, "batch_size": 2, "samples_per_case": 2,
             "intensity": "dataset" if track == 1 else "case", "intensity_aug": "strong"}
