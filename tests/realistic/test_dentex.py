@@ -16,7 +16,8 @@ from rexmle_tasks.check import check_task
 from rexmle_tasks.families.dentex import ARCHIVE, SUBSET, realistic_xray, synthetic_xray
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
-from rexmle_tasks.splits import tree_digest
+
+from .mirrors import assert_reproducible
 
 DISEASE = f"training_data/{SUBSET}"
 DISEASE_JSON = f"{DISEASE}/train_quadrant_enumeration_disease.json"
@@ -42,11 +43,8 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_realistic_mirror_is_deterministic_for_a_secret_and_seed(mirror: Path, tmp_path: Path) -> None:
-    again = prepare(tmp_path / "again", cases=12, seed=4)
-    for part in ("raw", "public", "private"):
-        assert tree_digest(again / part) == tree_digest(mirror / part), part
-    other = prepare(tmp_path / "other", cases=12, seed=4, secret="another secret")
-    assert tree_digest(other / "raw") != tree_digest(mirror / "raw")
+    assert_reproducible(mirror, prepare(tmp_path / "again", cases=12, seed=4),
+                        prepare(tmp_path / "other", cases=12, seed=4, secret="another secret"))
 
 
 def test_the_realistic_mirror_has_the_release_layout(mirror: Path) -> None:

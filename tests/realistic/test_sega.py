@@ -18,7 +18,8 @@ from rexmle_tasks.check import check_task
 from rexmle_tasks.families.sega import INSTITUTIONS, PROTOCOLS, _aorta_cta, _realistic_aorta_cta
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
-from rexmle_tasks.splits import tree_digest
+
+from .mirrors import assert_reproducible
 
 TASK = "seg_a"
 SECRET = "sega-realistic"
@@ -43,12 +44,8 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_realistic_mirror_is_deterministic_for_a_secret_and_seed(tmp_path: Path) -> None:
-    first = prepare(tmp_path / "first", cases=4)
-    again = prepare(tmp_path / "again", cases=4)
-    for part in ("raw", "public", "private"):
-        assert tree_digest(again / part) == tree_digest(first / part), part
-    other = prepare(tmp_path / "other", cases=4, secret="another secret")
-    assert tree_digest(other / "raw") != tree_digest(first / "raw")
+    assert_reproducible(prepare(tmp_path / "first", cases=4), prepare(tmp_path / "again", cases=4),
+                        prepare(tmp_path / "other", cases=4, secret="another secret"))
 
 
 def test_the_realistic_mirror_has_the_release_layout(mirror: Path, tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ from rexmle_tasks.families.usenhance import (
 )
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
-from rexmle_tasks.splits import tree_digest
+
+from .mirrors import assert_reproducible
 
 #: the ladder's case count: 32 training and 8 test pairs, on which the quick UNet trains in a few CPU minutes
 LADDER_CASES = 40
@@ -50,11 +51,8 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_realistic_mirror_is_deterministic_for_a_secret_and_seed(mirror: Path, tmp_path: Path) -> None:
-    again = prepare(tmp_path / "again", cases=15, seed=2)
-    for part in ("raw", "public", "private"):
-        assert tree_digest(again / part) == tree_digest(mirror / part), part
-    other = prepare(tmp_path / "other", cases=15, seed=2, secret="another secret")
-    assert tree_digest(other / "raw") != tree_digest(mirror / "raw")
+    assert_reproducible(mirror, prepare(tmp_path / "again", cases=15, seed=2),
+                        prepare(tmp_path / "other", cases=15, seed=2, secret="another secret"))
 
 
 def test_the_realistic_mirror_has_the_release_layout(mirror: Path) -> None:

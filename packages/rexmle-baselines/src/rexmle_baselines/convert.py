@@ -80,6 +80,15 @@ def _group_channels(files: Sequence[Path]) -> dict[str, tuple[Path, ...]]:
     return {case: tuple(channels[c] for c in sorted(channels)) for case, channels in sorted(grouped.items())}
 
 
+def first_channel_file(folder: Path, case_id: str) -> Path:
+    """The one ``{case_id}_0000.*`` image of a case in ``folder`` (nnU-Net naming; the first or only channel)."""
+    matches = sorted(folder.glob(f"{case_id}_0000.*"))
+    if len(matches) != 1:
+        raise TaskDataMissingError(f"expected one image {case_id}_0000.* in {folder}, found {len(matches)}",
+                                   hint="run `rexmle prepare TASK` (with --force to prepare it again)")
+    return matches[0]
+
+
 class SegmentationIO(ABC):
     """Cases, images and labels of one task, and the writer of its submission (see the module docstring)."""
 

@@ -38,6 +38,7 @@ from rexmle_baselines.base import (
     record_speed,
     register_baseline,
 )
+from rexmle_baselines.convert import first_channel_file
 from rexmle_grade.errors import InvalidSubmissionError, TaskDataMissingError, require_module
 from rexmle_grade.grader import TestManifest, get_grader, write_submission_csv
 from rexmle_grade.graders.topcow import EDGE_KEYS, parse_edges, read_edge_document
@@ -282,14 +283,6 @@ def projections(path: Path, size: int) -> np.ndarray:
     return torch.stack(resized).numpy().astype(np.float32)
 
 
-def _volume_of(folder: Path, case_id: str) -> Path:
-    matches = sorted(folder.glob(f"{case_id}_0000.*"))
-    if len(matches) != 1:
-        raise TaskDataMissingError(f"expected one image {case_id}_0000.* in {folder}, found {len(matches)}",
-                                   hint="run `rexmle prepare TASK` first")
-    return matches[0]
-
-
 def write_edge_submission(ctx: BaselineContext, case_ids: Sequence[str], flags: np.ndarray) -> None:
     grader = get_grader(ctx.grader_id)
     (column,) = grader.schema.file_columns
@@ -339,13 +332,14 @@ class TimmClassifier(Baseline):
             raise TaskDataMissingError(f"no training edge lists in {ctx.public_dir / 'train' / 'edges'}",
                                        hint="run `rexmle prepare TASK` first")
         train_ids = [p.stem for p in edge_files]
-        images = torch.from_numpy(np.stack([projections(_volume_of(ctx.public_dir / "train" / "images", i), size)
+        train_images = ctx.public_dir / "train" / "images"
+        images = torch.from_numpy(np.stack([projections(first_channel_file(train_images, i), size)
                                             for i in train_ids]))
         targets = torch.tensor([read_edges(p) for p in edge_files], dtype=torch.float32)
         ctx.log(f"{len(train_ids)} training volumes -> 3 MIPs of {size}x{size}; edge prevalence "
                 f"{[round(float(v), 2) for v in targets.mean(0)]}")
         test_ids = TestManifest.read(ctx.public_dir).ids
-        test = torch.from_numpy(np.stack([projections(_volume_of(ctx.public_dir / "test" / "images", i), size)
+        test = torch.from_numpy(np.stack([projections(first_channel_file(ctx.public_dir / "test" / "images", i), size)
                                           for i in test_ids]))
 
         def train(indices: np.ndarray, phases: int, label: str) -> torch.nn.Module:

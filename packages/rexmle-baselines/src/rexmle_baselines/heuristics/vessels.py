@@ -28,7 +28,7 @@ import numpy as np
 from scipy import ndimage
 
 from rexmle_baselines.base import BaselineContext
-from rexmle_baselines.convert import SegCase, SegmentationIO, segmentation_io
+from rexmle_baselines.convert import SegCase, SegmentationIO, first_channel_file, segmentation_io
 from rexmle_baselines.heuristics import Heuristic
 from rexmle_grade.errors import TaskDataMissingError
 from rexmle_grade.grader import TestManifest, get_grader, write_submission_csv
@@ -223,7 +223,8 @@ class RoiTemplate:
         template = np.zeros(shape, dtype=np.float32)
         centres = {}
         for case_id, roi in rois.items():
-            image = _standardised(read_volume(_image_of(public / "train" / "images", case_id), what="image").array)
+            path = first_channel_file(public / "train" / "images", case_id)
+            image = _standardised(read_volume(path, what="image").array)
             centres[case_id] = (np.asarray(roi.location) + (np.asarray(roi.size) - 1) / 2)[::-1]
             template += _crop(image, centres[case_id], shape) / len(rois)
         return cls(template - template.mean(), size_xyz, centres)
@@ -251,21 +252,13 @@ def template_matched_box(ctx: BaselineContext) -> None:
             "(x, y, z)")
     answers = {}
     for case_id in TestManifest.read(public).ids:
-        image = read_volume(_image_of(public / "test" / "images", case_id), what="image").array
+        image = read_volume(first_channel_file(public / "test" / "images", case_id), what="image").array
         centre_xyz = template.centre(image)[::-1]
         size = np.asarray(image.shape[::-1])
         extent = np.clip(template.size_xyz, 1, size)
         location = np.clip(np.round(centre_xyz - (extent - 1) / 2).astype(np.int64), 0, size - extent)
         answers[case_id] = {"size": [int(v) for v in extent], "location": [int(v) for v in location]}
     _write_json_answers(ctx, answers)
-
-
-def _image_of(folder: Path, case_id: str) -> Path:
-    matches = sorted(folder.glob(f"{case_id}_0000.*"))
-    if len(matches) != 1:
-        raise TaskDataMissingError(f"expected one image {case_id}_0000.* in {folder}, found {len(matches)}",
-                                   hint="prepare the task again with --force")
-    return matches[0]
 
 
 # ---- TopCoW task 3: the most frequent variant --------------------------------------------------------------------
