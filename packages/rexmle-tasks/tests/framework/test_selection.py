@@ -210,8 +210,10 @@ def test_selection_is_deterministic_for_a_secret_and_cached(built) -> None:
     assert other.root != s.root and other.k == s.k + 1 and len(other.selection_ids) == s.k + 1
     forced = prepare_selection("isles22", s.k, b.root, secret=SECRET, force=True)
     assert (forced.selection_ids, forced.cases) == (s.selection_ids, s.cases) and marker.stat().st_mtime_ns != stamp
-    fresh = prepare_selection("isles22", s.k, b.root)  # no secret: a new one, so another folder and split
-    assert fresh.root != s.root and fresh.cases != s.cases
+    # no secret: a new one, so another folder and (almost always: 6 cases give ~1 in 144 repeats) another split
+    fresh = [prepare_selection("isles22", s.k, b.root) for _ in range(3)]
+    assert s.root not in {f.root for f in fresh} and len({f.root for f in fresh}) == 3
+    assert any(f.cases != s.cases for f in fresh)
     assert not list(s.root.parent.glob("*.partial"))
 
 

@@ -130,9 +130,14 @@ def prepare_synthetic(task_id: str, root: Path, *, cases: int | None = None, see
 
 @pytest.fixture(scope="module")
 def prepare(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Prepared]:
-    """Prepare tasks under one module-wide data folder (tasks sharing a raw group share its download)."""
+    """Prepare tasks under one module-wide data folder (tasks sharing a raw group share its download);
+    ``own_folder=True`` gives a mirror of other size or seed a data folder of its own."""
     root = tmp_path_factory.mktemp("data")
-    return lambda task_id, **kw: prepare_synthetic(task_id, root, **kw)
+
+    def make(task_id: str, *, own_folder: bool = False, **kw) -> Prepared:
+        return prepare_synthetic(task_id, tmp_path_factory.mktemp("data") if own_folder else root, **kw)
+
+    return make
 
 
 class Kit:
