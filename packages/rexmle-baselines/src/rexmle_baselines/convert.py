@@ -14,10 +14,13 @@ polygons are rasterised per class. ``write_submission`` turns the predictions in
   (watershed on the distance to background), cells under ``MIN_CELL_PIXELS`` (a network's speckle) dropped;
 * PUMA nuclei: one polygon per connected component of each class, centred on its centroid (components under
   ``NucleiIO.min_pixels``, a network's speckle rather than a nucleus, are dropped);
-* TopCoW task 2: the bounding box of the predicted vessels (each label reduced to its largest connected component
-  first, so that a stray island cannot stretch it) widened by the median margin between the training
-  labels' box and the training ROI boxes (a box under half the training ROIs' median size on an axis, or no
-  prediction at all, gives way to the training ROIs' median box at their median position relative to the image);
+* TopCoW task 2: a box of the training ROIs' median size, centred on the centroid of the predicted vessels (each
+  label reduced to its largest connected component first, so that a stray island cannot pull it) moved by the
+  training cases' median offset from their labels' centroid to their ROI centre. A centroid survives a network
+  that misses a vessel at the circle's edge, which shrinks a box drawn around the predicted voxels (on the
+  realistic mirrors the box around the predicted vessels scored boundary IoU 0.30 and 0.28 against 0.41 and 0.43).
+  Predicted vessels spanning under half the median ROI size on an axis, or none at all, give way to the training
+  ROIs' median box at their median position relative to the image;
   task 3: the edge lists read from the predicted labels' adjacency (the same rule the task-1 grader applies to
   masks), as the challenge's strong teams derived them.
 """
@@ -248,55 +251,54 @@ class PantherIO(VolumeIO):
 class TopCowBoxIO(VolumeIO):
     """TopCoW task 2: the ROI box from the predicted CoW labels (see the module docstring)."""
 
-    def training_boxes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """From the training cases, per (x, y, z) axis: the median (lower, upper) margins in voxels between the
-        label box and the ROI box, the median ROI size, and the median ROI centre as a fraction of the image size
-        (None without ROI files)."""
+    def training_boxes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """From the training cases, per (x, y, z) axis in voxels: the median offset from the label map's centroid
+        to the ROI centre, the median ROI size, and the median ROI centre as a fraction of the image size (None
+        without ROI files)."""
         from rexmle_grade.metrics.boxes import parse_roi_txt
 
-        lower, upper, sizes, centres = [], [], [], []
+        offsets, sizes, centres = [], [], []
         for case in self.training_cases():
             roi_file = self.public_dir / "train" / "roi" / f"{case.case_id}.txt"
             if not roi_file.is_file():
                 continue
             roi = parse_roi_txt(roi_file.read_text())
             sizes.append(np.asarray(roi.size))
-            image_size = np.asarray(self.test_geometry(case).size)
-            centres.append((np.asarray(roi.location) + np.asarray(roi.size) / 2) / image_size)
-            box = label_box(self.read_label(case))
-            if box is None:
-                continue
-            start, end = box
-            lower.append(start - np.asarray(roi.location))
-            upper.append(np.asarray(roi.location) + np.asarray(roi.size) - 1 - end)
+            roi_centre = np.asarray(roi.location) + (np.asarray(roi.size) - 1) / 2
+            centres.append((roi_centre + 0.5) / np.asarray(self.test_geometry(case).size))
+            centroid = label_centroid(self.read_label(case))
+            if centroid is not None:
+                offsets.append(roi_centre - centroid)
 
         def median(values: list[np.ndarray]) -> np.ndarray:
-            return np.round(np.median(values, axis=0)).astype(np.int64) if values else np.zeros(3, np.int64)
+            return np.median(values, axis=0) if values else np.zeros(3)
 
         centre = np.median(centres, axis=0) if centres else None
-        return median(lower), median(upper), median(sizes), centre
+        return median(offsets), np.round(median(sizes)).astype(np.int64), centre
 
     def write_submission(self, predictions: Mapping[str, np.ndarray], out_dir: Path) -> None:
-        self._low, self._high, self._roi_size, self._roi_centre = self.training_boxes()
+        self._offset, self._roi_size, self._roi_centre = self.training_boxes()
         super().write_submission(predictions, out_dir)
 
     def write_prediction(self, case: SegCase, prediction: np.ndarray, target: Path) -> None:
-        # each CoW label is one vessel segment: a stray island of it elsewhere would stretch the box
+        # each CoW label is one vessel segment: a stray island of it elsewhere would pull the centroid
         labels = largest_component_per_label(self.task_label_map(case, prediction))
         size = np.asarray(self.test_geometry(case).size)
         box = label_box(labels)
-        if box is not None:
-            start = np.clip(box[0] - self._low, 0, size - 1)
-            end = np.clip(box[1] + self._high, start, size - 1)
-            location, extent = start, end - start + 1
-        if self._roi_centre is None:  # no training ROIs to learn from: the box, or the central half
+        if self._roi_centre is None:  # no training ROIs to learn from: the predicted vessels' box, or the central half
             if box is None:
                 location, extent = size // 4, np.maximum(size // 2, 1)
-        elif box is None or (extent < np.clip(self._roi_size, 1, size) // 2).any():
-            # nothing predicted, or too small a box to hold the whole circle (a few stray voxels): the training
-            # ROIs' median box, placed at their median relative position in the image
+            else:
+                location, extent = box[0], box[1] - box[0] + 1
+        else:
             extent = np.clip(self._roi_size, 1, size)
-            location = np.clip(np.round(self._roi_centre * size - extent / 2).astype(np.int64), 0, size - extent)
+            if box is None or (box[1] - box[0] + 1 < extent // 2).any():
+                # nothing predicted, or too few voxels to hold the circle (a few stray ones): the training ROIs'
+                # median box at their median relative position in the image
+                centre = self._roi_centre * size - 0.5
+            else:
+                centre = label_centroid(labels) + self._offset  # type: ignore[operator]
+            location = np.clip(np.round(centre - (extent - 1) / 2).astype(np.int64), 0, size - extent)
         target.write_text(json.dumps({"size": [int(v) for v in extent], "location": [int(v) for v in location]})
                           + "\n")
 
@@ -327,6 +329,14 @@ def label_box(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     start = np.asarray([axis.min() for axis in reversed(nonzero)], dtype=np.int64)
     end = np.asarray([axis.max() for axis in reversed(nonzero)], dtype=np.int64)
     return start, end
+
+
+def label_centroid(labels: np.ndarray) -> np.ndarray | None:
+    """Mean (x, y, z) voxel index of the non-zero voxels of a (z, y, x) map (None when there are none)."""
+    nonzero = np.nonzero(labels)
+    if not nonzero[0].size:
+        return None
+    return np.asarray([axis.mean() for axis in reversed(nonzero)])
 
 
 class TopCowEdgesIO(VolumeIO):
