@@ -151,15 +151,37 @@ def test_the_cache_takes_only_the_cases_its_memory_bound_holds() -> None:
     assert cache_rate([], 1, cache_gb=1.0) == 1.0
 
 
-def test_predictions_go_back_to_the_test_grid_exactly() -> None:
-    from rexmle_baselines.monai_seg import resample, resample_to_shape
+def _one_hot(labels: np.ndarray, classes: int) -> np.ndarray:
+    return np.stack([(labels == value).astype(np.float32) for value in range(classes)])
 
-    labels = np.zeros((10, 20, 30), dtype=np.uint8)
-    labels[2:5, 5:10, 10:20] = 3
-    zoomed = resample(labels[None], (2.0, 1.5, 0.8), order=0)[0]  # a finer median grid on two axes
-    back = resample_to_shape(zoomed, labels.shape)
-    assert back.shape == labels.shape and set(np.unique(back)) == {0, 3}
-    assert abs(int((back == 3).sum()) - int((labels == 3).sum())) < 0.2 * int((labels == 3).sum())
+
+def _dice(a: np.ndarray, b: np.ndarray, value: int) -> float:
+    return 2 * int(((a == value) & (b == value)).sum()) / int((a == value).sum() + (b == value).sum())
+
+
+@pytest.mark.parametrize("factors", [(2.0, 1.5, 0.8), (1.0, 1.0, 1.16), (0.84, 0.84, 0.87), (1.17, 1.17, 1.21)])
+def test_predictions_go_back_to_the_test_grid_exactly_and_in_place(factors: tuple[float, ...]) -> None:
+    """A perfect prediction on the network's grid comes back on the test grid where it was: two thin tubes (2-3
+    voxels across, like the circle's vessels) keep Dice >= 0.9 after the round trip, and the grid is the test image's
+    size. The factors are the median-grid zooms of the realistic TopCoW MRA scans; taking the labels back by
+    nearest neighbour with the index rounded down (the code before) left the thinner tube at 0.40-0.80."""
+    from rexmle_baselines.monai_seg import labels_on_grid, resample
+
+    labels = np.zeros((24, 40, 48), dtype=np.uint8)
+    labels[8:11, 10:13, 4:44] = 1  # a tube along x, 3x3 voxels
+    labels[14:16, 6:36, 20:22] = 2  # a tube along y, 2x2 voxels
+    scores = resample(_one_hot(labels, 3), factors, order=1)  # what a perfect network gives on the median grid
+    back = labels_on_grid(scores, labels.shape)
+    assert back.shape == labels.shape and back.dtype == np.uint8
+    assert _dice(back, labels, 1) >= 0.9 and _dice(back, labels, 2) >= 0.9, (_dice(back, labels, 1),
+                                                                             _dice(back, labels, 2))
+
+
+def test_labels_on_the_same_grid_are_the_argmax() -> None:
+    from rexmle_baselines.monai_seg import labels_on_grid
+
+    scores = np.random.default_rng(0).random((4, 5, 6, 7)).astype(np.float32)
+    np.testing.assert_array_equal(labels_on_grid(scores, (5, 6, 7)), scores.argmax(axis=0))
 
 
 def test_flips_stay_off_on_lateralised_tasks_and_epochs_follow_the_dataset_size() -> None:

@@ -4,8 +4,9 @@ Cases are read and the submission written through :func:`rexmle_baselines.conver
 pipeline serves semantic masks, cell instances, nuclei centroids and the TopCoW ROI-box and edge-list answers. The
 recipe is MONAI's usual one (Auto3DSeg's SegResNet in ``full``):
 
-- 3-D volumes resampled to the training set's median spacing (``resample=median``; predictions go back to each test
-  image's own grid by nearest neighbour), 2-D images used as they are;
+- 3-D volumes resampled to the training set's median spacing (``resample=median``; each class's probability goes
+  back to the test image's own grid by linear interpolation before the argmax, as nnU-Net exports), 2-D images used
+  as they are;
 - per-case intensity normalisation (each channel clipped to its 0.5-99.5 percentiles, then z-scored), or for CT
   nnU-Net's dataset rule (``intensity=dataset``: the training foreground's percentiles and moments, so a value means
   the same in every scan);
@@ -155,13 +156,29 @@ def resample(array: np.ndarray, factors: Sequence[float], *, order: int) -> np.n
                      for channel in array])
 
 
-def resample_to_shape(labels: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """A label map (spatial axes only) resampled by nearest neighbour to exactly ``shape``."""
-    if tuple(labels.shape) == tuple(shape):
-        return labels
-    index = np.ix_(*[np.minimum((np.arange(n) * (m / n)).astype(np.int64), m - 1)
-                     for n, m in zip(shape, labels.shape, strict=True)])
-    return labels[index]
+def labels_on_grid(scores: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """The label map on a grid of exactly ``shape`` from class scores ``(classes, *spatial)`` on the network's grid:
+    each class's probability interpolated linearly (corner voxel centres aligned, the inverse of :func:`resample`),
+    then the most probable class, as nnU-Net exports. One class at a time, so memory is two volumes of ``shape``
+    beyond the scores. (Taking the network's labels back by nearest neighbour shifts a structure by up to half a
+    voxel: a perfect prediction of 2-3-voxel-wide vessels scored 0.54-0.83 Dice after that round trip.)"""
+    from scipy import ndimage
+
+    shape = tuple(int(n) for n in shape)
+    if tuple(scores.shape[1:]) == shape:
+        return scores.argmax(axis=0).astype(np.uint8)
+    factors = [n / m for n, m in zip(shape, scores.shape[1:], strict=True)]
+    best = np.full(shape, -np.inf, dtype=np.float32)
+    labels = np.zeros(shape, dtype=np.uint8)
+    for value, channel in enumerate(scores):
+        up = ndimage.zoom(np.asarray(channel, dtype=np.float32), factors, order=1, mode="nearest", grid_mode=False)
+        if up.shape != shape:  # scipy rounds the output size; never off by more than one voxel
+            up = up[tuple(slice(0, n) for n in shape)]
+            up = np.pad(up, [(0, n - m) for n, m in zip(shape, up.shape, strict=True)], mode="edge")
+        better = up > best
+        labels[better] = value
+        np.maximum(best, up, out=best)
+    return labels
 
 
 @dataclass(frozen=True)
@@ -500,10 +517,13 @@ class MonaiSegmentation(Baseline):
                                                            sw_batch_size=int(params["sw_batch_size"]),
                                                            predictor=model, overlap=float(params["overlap"]),
                                                            mode="gaussian")
-            labels = logits.argmax(dim=1)
+            if factors is None:
+                labels = logits[0].argmax(dim=0).cpu().numpy().astype(np.uint8)
+            else:
+                labels = labels_on_grid(torch.softmax(logits[0].float(), dim=0).cpu().numpy(), shape)
             if keep_largest is not None:
-                labels = keep_largest(labels)
-            predictions[case.case_id] = resample_to_shape(labels[0].cpu().numpy().astype(np.uint8), shape)
+                labels = keep_largest(torch.from_numpy(labels[None]))[0].cpu().numpy().astype(np.uint8)
+            predictions[case.case_id] = labels
         io.write_submission(predictions, ctx.out_dir)
         ctx.log(f"wrote predictions for {len(predictions)} test cases")
         record_speed(ctx)
