@@ -246,26 +246,26 @@ def test_the_heuristic_beats_the_sample_on_the_realistic_mirror(task_id: str, tm
 #: accuracy, is about one test case's share of the score on test sets of 3-8 scans: a smaller gap is noise. A
 #: shortfall marks the test xfail (not strict: a better trained rung turns it into an XPASS to notice) with what was
 #: measured on 2 shared CPU cores, seed 0, with the vessel ladders' monai-seg (heuristics/vessels.py
-#: ``ladder_overrides``: about 15 CPU minutes per task).
-_BENCH = "tools/bench_synthetic.py, 12 patients (3 test scans), a freshly drawn secret"
+#: ``ladder_overrides``: about 17 CPU minutes per TopCoW task, 50 per TopBrain track).
+_BENCH = "tools/bench_synthetic.py, 24 patients (5 test scans), a freshly drawn secret"
 SLOW_LADDER: dict[str, tuple[int, float, str | None]] = {
-    "topcow-track1-task1": (12, 0.05, "holds, but thinner than the margin: sample 0.0 < heuristic 0.331 < "
-                                      f"monai-seg 0.366 Dice ({_BENCH}); 0.459 < 0.545 for the secret 'try' (200 "
-                                      "epochs); not yet measured for this secret"),
-    "topcow-track2-task1": (12, 0.05, "measured: sample 0.0, heuristic 0.581, monai-seg 0.427 Dice "
-                                      f"({_BENCH}); 0.687 against 0.523 for the secret 'try' (200 epochs): inside "
-                                      "the ROI the brightest voxels of a TOF-MRA are the arteries, and the CPU "
-                                      "network's per-vessel Dice (0.5-0.75) stays under the atlas's (0.8-0.9)"),
-    "topcow-track1-task2": (12, 0.05, "measured: sample 0.178, heuristic 0.618, monai-seg 0.265 boundary IoU "
-                                      f"({_BENCH}): the box drawn around the network's labels is looser than the "
-                                      "template match"),
-    "topcow-track2-task2": (12, 0.05, f"measured: sample 0.278, heuristic 0.619, monai-seg 0.315 ({_BENCH})"),
-    "topcow-track1-task3": (40, 0.05, "measured: sample 0.5, heuristic 0.5, timm-cls quick 0.25 balanced accuracy "
-                                      f"({_BENCH}); with 120 patients 0.25, 0.25, 0.253 (chance): a MIP classifier "
-                                      "does not see the thread-like communicating arteries that decide the variant"),
-    "topcow-track2-task3": (40, 0.05, f"measured: sample 0.5, heuristic 0.5, timm-cls quick 0.25 ({_BENCH})"),
-    # measured by the bench (12 patients, a fresh secret): sample 0.0 < heuristic 0.254 < monai-seg 0.458 Dice on
-    # CTA, 0.0 < 0.314 < 0.519 on MRA (about 50 CPU minutes each); this secret not yet run
+    # measured by the bench: sample 0.0 < heuristic 0.440 < monai-seg 0.642 Dice on CTA, 0.0 < 0.503 < 0.606 on MRA
+    "topcow-track1-task1": (24, 0.05, None),
+    "topcow-track2-task1": (24, 0.05, None),
+    "topcow-track1-task2": (24, 0.05, "holds, but thinner than the margin: sample 0.204 < heuristic 0.572 < "
+                                      f"monai-seg 0.613 boundary IoU ({_BENCH})"),
+    "topcow-track2-task2": (24, 0.05, "measured: sample 0.293, heuristic 0.496, monai-seg 0.456 boundary IoU "
+                                      f"({_BENCH}): on MRA the template match places the box better than the "
+                                      "centroid of the network's labels"),
+    "topcow-track1-task3": (24, 0.05, "measured: sample 0.333, heuristic 0.333, monai-seg 0.444 balanced accuracy "
+                                      f"({_BENCH}): the network's edge lists beat both, but the sample's variant "
+                                      "(every edge present) was one of the three in the test set, so the majority "
+                                      "vote only ties it"),
+    "topcow-track2-task3": (24, 0.05, f"measured: sample 0.333, heuristic 0.333, monai-seg 0.556 ({_BENCH}); as "
+                                      "on CTA, the sample ties the majority vote"),
+    # measured by the bench (12 patients, a fresh secret) before monai-seg's predictions went back to the test grid
+    # by linear interpolation: sample 0.0 < heuristic 0.254 < monai-seg 0.458 Dice on CTA, 0.0 < 0.314 < 0.519 on
+    # MRA (about 50 CPU minutes each); this secret not yet run
     "topbrain-track1": (10, 0.05, None),
     "topbrain-track2": (10, 0.05, None),
 }
