@@ -65,6 +65,45 @@ def test_topcow_box_from_gold_labels_overlaps_the_true_roi(prepared, tmp_path: P
     assert result.metrics["iou"] > 0.5  # the central-box sample submission scores about 0.1 here
 
 
+def test_topcow_box_follows_the_predicted_vessels_centroid_at_the_training_rois_median_size(prepared,
+                                                                                          tmp_path: Path) -> None:
+    """Moving the predicted vessels by a few voxels moves the box by as many; the box keeps the training ROIs'
+    median size; and its centre is the vessels' centroid plus the training offset, computed here by hand."""
+    import json
+
+    from rexmle_grade.metrics.boxes import parse_roi_txt
+
+    task_id = "topcow-track1-task2"
+    public = prepared.public(task_id, cases=4)
+    io = segmentation_io(task_id, task_id, public)
+    gold = gold_predictions(io, prepared, task_id)
+    shift = (1, -2, 3)  # (z, y, x) voxels
+    moved = {case: np.roll(labels, shift, axis=(0, 1, 2)) for case, labels in gold.items()}
+    io.write_submission(gold, tmp_path / "gold")
+    io.write_submission(moved, tmp_path / "moved")
+
+    offsets, sizes = [], []
+    for case in io.training_cases():
+        roi = parse_roi_txt((public / "train" / "roi" / f"{case.case_id}.txt").read_text())
+        where = np.nonzero(io.read_label(case))
+        centroid = np.array([where[2].mean(), where[1].mean(), where[0].mean()])  # (x, y, z)
+        offsets.append(np.asarray(roi.location) + (np.asarray(roi.size) - 1) / 2 - centroid)
+        sizes.append(roi.size)
+    size = np.round(np.median(sizes, axis=0)).astype(int)
+    for case in io.test_cases():
+        name = io.column.path_for(case.case_id)
+        box, box_moved = (json.loads((tmp_path / which / name).read_text()) for which in ("gold", "moved"))
+        assert box["size"] == box_moved["size"] == size.tolist()
+        image_size = np.asarray(io.test_geometry(case).size)
+        where = np.nonzero(gold[case.case_id])
+        centre = np.array([where[2].mean(), where[1].mean(), where[0].mean()]) + np.median(offsets, axis=0)
+        expected = np.clip(np.round(centre - (size - 1) / 2).astype(int), 0, image_size - size)
+        assert box["location"] == expected.tolist()
+        unclipped = (expected > 2) & (expected + size < image_size - 3)
+        step = np.array(box_moved["location"]) - np.array(box["location"])
+        assert (step[unclipped] == np.array(shift[::-1])[unclipped]).all(), (step, shift)
+
+
 def test_topcow_box_from_stray_voxels_falls_back_on_the_training_rois(prepared, tmp_path: Path) -> None:
     task_id = "topcow-track1-task2"
     public = prepared.public(task_id, cases=4)
