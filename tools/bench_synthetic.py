@@ -17,13 +17,28 @@ level), as a model that sees its sibling's result would; reviews report the prin
 - ISLES'22: 0 one global DWI threshold; 1 per-case normalised DWI and ADC thresholds; 2 a voxel classifier
   (gradient boosting) on bias-corrected multi-scale DWI/ADC and the distance to the brain's edge; 3 + removal of
   one-voxel components and a tuned probability threshold.
+- DENTEX: 0 each tooth's mean training box relative to the whole X-ray, with its commonest diagnosis, scored by how
+  often it was abnormal; 1 the same in the frame of the X-ray's brightest pixels (the teeth); 2 + each box scored by
+  a logistic regression on its contrast, texture and darkness; 3 + the diagnosis from a random forest on the same.
+  The validation metric is AP at IoU 0.5 of (quadrant, tooth, diagnosis) boxes on a third of the training X-rays.
+- USenhance: 0 the low-quality image as it is; 1 a Gaussian filter of the width with the best training LNCC; 2 a
+  least-squares per-pixel blend of Gaussian and median filters of the input; 3 the same features and the local
+  standard deviation with gradient boosting.
+- Every other segmentation-type task (TopCoW, TopBrain, PANTHER, SEG.A., PUMA, NeurIPS CellSeg, RAVIR; one script
+  that reads and writes through ``rexmle_baselines.convert.segmentation_io``, so boxes, edge lists, instances and
+  nuclei come out in each task's own format; the validation metric is the mean foreground-class Dice on the last
+  third of the training cases): 0 the brightest or darkest fraction of each image is the most common foreground
+  class (rule fitted on the training Dice); 1 + each foreground voxel takes the class whose training voxels lie
+  nearest on average (normalised coordinates); 2 a voxel classifier (gradient boosting) on multi-scale standardised
+  intensities and position; 3 + a coarser scale, gradient magnitude and more boosting rounds.
 
 The difficulty ladder of every task (issue 36): per task, on its ``realistic`` mirror (``--ladder-difficulties``),
 the sample submission, the task's simple heuristic (``rexmle baselines run heuristic``) and its trained quick rung
 (:mod:`rexmle_baselines.ladder`), each graded on the hidden test labels by the task's grader with its validation
-metric; the drafts-only control comes from the scaffold runs where they were made (``--tasks``). With ``--keep DIR``
-each measured ladder is stored in DIR and read back by a later invocation instead of measured again, so the table
-can be filled task by task.
+metric; the drafts-only control comes from the scaffold runs where they were made (``--tasks``, on the ladder's
+mirror, so ``--tasks T --presets no-search --no-baseline --ladder-tasks T`` fills a row's control). With ``--keep DIR``
+each measured ladder and scaffold run is stored in DIR and read back by a later invocation instead of measured
+again, so the tables can be filled task by task.
 
     python tools/bench_synthetic.py [--tasks ldct-iqa,isles22] [--difficulties easy,realistic] [--nodes 8]
         [--presets no-search,aide,mcts,rdloop,evo] [--no-baseline] [--keep DIR]
@@ -53,8 +68,7 @@ from rexmle_grade.targets import resolve_target
 from rexmle_tasks.pipeline import prepare_task, task_dirs
 from rexmle_tasks.registry import get_task
 
-CASES = {"ldct-iqa": 150, "isles22": 22}
-PRIMARY = {"ldct-iqa": "score", "isles22": "dice"}
+CASES = {"ldct-iqa": 150, "isles22": 22}  # other tasks: the mirror's own size at its difficulty
 PRESETS = {  # agent, config: every preset at its own defaults, the control without debug or improve
     "no-search": ("aide", {"debug_prob": 0.0, "num_drafts": 1000}),
     "aide": ("aide", {"num_drafts": 3}),
@@ -64,6 +78,11 @@ PRESETS = {  # agent, config: every preset at its own defaults, the control with
 }
 
 # ---- the scripts the realistic-style model writes ------------------------------------------------------------------
+# where every script reads, writes, and whether it is the harness's quick sample run
+PATHS = '''data = Path("../data")
+out = Path(os.environ["SUBMISSION_DIR"])
+sample = os.environ.get("SAMPLE") == "1"
+'''
 
 LDCT = r'''# LEVEL {level}
 import csv, os
@@ -73,9 +92,7 @@ import tifffile
 from scipy import ndimage, stats
 
 LEVEL = {level}
-data = Path("../data")
-out = Path(os.environ["SUBMISSION_DIR"])
-sample = os.environ.get("SAMPLE") == "1"
+{paths}
 
 
 def read(path):
@@ -146,9 +163,7 @@ import SimpleITK as sitk
 from scipy import ndimage
 
 LEVEL = {level}
-data = Path("../data")
-out = Path(os.environ["SUBMISSION_DIR"])
-sample = os.environ.get("SAMPLE") == "1"
+{paths}
 
 
 def load(split, case):
@@ -245,7 +260,342 @@ with (out / "submission.csv").open("w", newline="") as handle:
         writer.writerow([row["case_id"], row["predicted_mask_path"]])
 '''
 
-# first-draft bugs, as (name, what the buggy script has instead of the right text, the right text)
+USENHANCE = r'''# LEVEL {level}
+import csv, os
+from pathlib import Path
+import numpy as np
+from PIL import Image
+from scipy import ndimage
+
+LEVEL = {level}
+{paths}
+
+
+def read(path):
+    return np.asarray(Image.open(path).convert("L"), dtype=float) / 255.0
+
+
+def lncc(p, t, w=7):
+    # local normalised cross-correlation in 7x7 windows, each image scaled to [0, 1] first
+    p = (p - p.min()) / max(p.max() - p.min(), 1e-9)
+    t = (t - t.min()) / max(t.max() - t.min(), 1e-9)
+    box = lambda x: ndimage.uniform_filter(x, w, mode="mirror")
+    mp, mt = box(p), box(t)
+    vp, vt, c = box(p * p) - mp * mp, box(t * t) - mt * mt, box(p * t) - mp * mt
+    ok = (vp > 1e-6) & (vt > 1e-6)
+    return float(np.mean(c[ok] / np.sqrt(vp[ok] * vt[ok]))) if ok.any() else 0.0
+
+
+def features(x):
+    columns = [x] + [ndimage.gaussian_filter(x, s) for s in (1, 2, 4)] + [ndimage.median_filter(x, 5)]
+    if LEVEL >= 3:
+        mean = ndimage.uniform_filter(x, 7)
+        columns.append(np.sqrt(np.maximum(ndimage.uniform_filter(x * x, 7) - mean * mean, 0)))
+    return np.stack([c.ravel() for c in columns], 1)
+
+
+def train(pairs):
+    if LEVEL == 0:
+        return lambda x: x
+    if LEVEL == 1:
+        sigma = max((0.5, 1.0, 1.5, 2.0, 3.0), key=lambda s: np.mean([lncc(ndimage.gaussian_filter(x, s), y)
+                                                                       for x, y in pairs]))
+        return lambda x: ndimage.gaussian_filter(x, sigma)
+    rng = np.random.default_rng(0)
+    xs, ys = [], []
+    for x, y in pairs:
+        keep = rng.choice(x.size, min(x.size, 20000), replace=False)
+        xs.append(features(x)[keep])
+        ys.append(y.ravel()[keep])
+    xs, ys = np.concatenate(xs), np.concatenate(ys)
+    if LEVEL == 2:
+        a = np.c_[np.ones(len(xs)), xs]
+        w = np.linalg.lstsq(a, ys, rcond=None)[0]
+        return lambda x: (np.c_[np.ones(x.size), features(x)] @ w).reshape(x.shape)
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    model = HistGradientBoostingRegressor(max_iter=200, random_state=0).fit(xs, ys)
+    return lambda x: model.predict(features(x)).reshape(x.shape)
+
+
+ids = sorted(p.stem for p in (data / "train" / "high_quality").glob("*.png"))
+if sample:
+    ids = ids[:4]
+pairs = [(read(data / "train" / "low_quality" / f"{i}.png"), read(data / "train" / "high_quality" / f"{i}.png"))
+         for i in ids]
+cut = max(1, len(pairs) * 2 // 3)
+model = train(pairs[:cut])
+print("VALIDATION_METRIC:", round(float(np.mean([lncc(model(x), y) for x, y in pairs[cut:]])), 4))
+model = train(pairs)
+rows = list(csv.DictReader((data / "sample_submission" / "submission.csv").open()))
+(out / "enhanced").mkdir(exist_ok=True)
+for row in rows:
+    enhanced = model(read(data / "test" / "low_quality" / f"{row['image_id']}.png"))
+    image = Image.fromarray((np.clip(enhanced, 0, 1) * 255).round().astype(np.uint8), mode="L")
+    image.save(out / row["enhanced_image_path"])
+with (out / "submission.csv").open("w", newline="") as handle:
+    writer = csv.writer(handle)
+    writer.writerow(["image_id", "enhanced_image_path"])
+    for row in rows:
+        writer.writerow([row["image_id"], row["enhanced_image_path"]])
+'''
+
+DENTEX = r'''# LEVEL {level}
+import csv, json, os
+from collections import Counter, defaultdict
+from pathlib import Path
+import numpy as np
+from PIL import Image
+from scipy import ndimage
+
+LEVEL = {level}
+{paths}
+QUADRANT, TOOTH, DIAGNOSIS = "category_id_1", "category_id_2", "category_id_3"
+
+
+def grey(path):
+    return np.asarray(Image.open(path).convert("L"), dtype=float) / 255.0
+
+
+def frame(image):
+    # level 0: the whole X-ray; from level 1: the extent of its brightest pixels (the teeth)
+    if LEVEL == 0:
+        return 0.0, 0.0, float(image.shape[1]), float(image.shape[0])
+    smooth = ndimage.gaussian_filter(image, 1.5)
+    rows, cols = np.nonzero(smooth >= np.percentile(smooth, 85))
+    x0, x1 = np.percentile(cols, [1, 99])
+    y0, y1 = np.percentile(rows, [1, 99])
+    return x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)
+
+
+def place(relative, f):
+    x, y, w, h = relative
+    return [f[0] + x * (f[2] - f[0]), f[1] + y * (f[3] - f[1]), w * (f[2] - f[0]), h * (f[3] - f[1])]
+
+
+def inside(image, box):
+    x, y, w, h = box
+    part = image[max(0, int(y)):max(int(y) + 1, int(y + h)), max(0, int(x)):max(int(x) + 1, int(x + w))]
+    if part.size == 0:
+        return [0.0, 0.0, 0.0, 0.0]
+    edges = ndimage.gaussian_gradient_magnitude(part, 1) if min(part.shape) > 2 else np.zeros(1)
+    return [part.mean() - image.mean(), part.std(), (part < np.percentile(image, 40)).mean(), edges.mean()]
+
+
+def iou(a, b):
+    ix = max(0.0, min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1]))
+    union = a[2] * a[3] + b[2] * b[3] - ix * iy
+    return ix * iy / union if union > 0 else 0.0
+
+
+def ap50(predicted, truth):
+    # average precision at IoU 0.5 of the (quadrant, tooth, diagnosis) boxes over all held-out X-rays
+    ranked = sorted(((p["score"], i, p) for i, ps in predicted.items() for p in ps), key=lambda r: -r[0])
+    used, hits = set(), []
+    for _, i, p in ranked:
+        match = [(iou(p["bbox"], t["bbox"]), k) for k, t in enumerate(truth.get(i, []))
+                 if (i, k) not in used and all(t[key] == p[key] for key in (QUADRANT, TOOTH, DIAGNOSIS))]
+        best = max(match, default=(0.0, None))
+        hits.append(best[0] >= 0.5)
+        if best[0] >= 0.5:
+            used.add((i, best[1]))
+    total = sum(len(t) for t in truth.values())
+    if not total or not hits:
+        return 0.0
+    tp = np.cumsum(hits)
+    precision, recall = tp / np.arange(1, len(hits) + 1), tp / total
+    return float(np.sum(np.diff(np.concatenate([[0.0], recall])) * np.maximum.accumulate(precision[::-1])[::-1]))
+
+
+def fit(images, annotations):
+    frames = {i: frame(image) for i, image in images.items()}
+    boxes, diagnoses, seen = defaultdict(list), defaultdict(Counter), defaultdict(set)
+    for a in annotations:
+        f = frames[a["image_id"]]
+        x, y, w, h = a["bbox"]
+        slot = (a[QUADRANT], a[TOOTH])
+        boxes[slot].append([(x - f[0]) / (f[2] - f[0]), (y - f[1]) / (f[3] - f[1]), w / (f[2] - f[0]),
+                            h / (f[3] - f[1])])
+        diagnoses[slot][a[DIAGNOSIS]] += 1
+        seen[slot].add(a["image_id"])
+    atlas = {slot: (np.mean(b, axis=0), diagnoses[slot].most_common(1)[0][0], len(seen[slot]) / len(images))
+             for slot, b in boxes.items()}
+    rate = diagnose = None
+    if LEVEL >= 2:
+        # how abnormal each tooth looks: its atlas box's contrast, texture and darkness against the X-ray's,
+        # a logistic regression over (this X-ray, this tooth) pairs of the training set
+        from sklearn.linear_model import LogisticRegression
+        x, y = [], []
+        for i, image in images.items():
+            for slot, (relative, _, _) in atlas.items():
+                x.append(inside(image, place(relative, frames[i])) + [atlas[slot][2]])
+                y.append(int(i in seen[slot]))
+        if len(set(y)) > 1:
+            rate = LogisticRegression(max_iter=1000, C=1.0).fit(np.array(x), np.array(y))
+    if LEVEL >= 3:
+        from sklearn.ensemble import RandomForestClassifier
+        x, y = [], []
+        for a in annotations:
+            x.append(inside(images[a["image_id"]], a["bbox"]) + [a[QUADRANT], a[TOOTH]])
+            y.append(a[DIAGNOSIS])
+        if len(set(y)) > 1:
+            diagnose = RandomForestClassifier(n_estimators=200, random_state=0).fit(np.array(x), np.array(y))
+
+    def predict(image):
+        f = frame(image)
+        slots = list(atlas)
+        boxes = [place(atlas[slot][0], f) for slot in slots]
+        looks = [inside(image, box) for box in boxes]
+        scores = [atlas[slot][2] for slot in slots]
+        if rate is not None:
+            scores = rate.predict_proba([v + [atlas[slot][2]] for v, slot in zip(looks, slots)])[:, 1]
+        labels = [atlas[slot][1] for slot in slots]
+        if diagnose is not None:
+            labels = diagnose.predict([v + list(slot) for v, slot in zip(looks, slots)])
+        return [{"bbox": [round(float(v), 2) for v in box], QUADRANT: int(slot[0]), TOOTH: int(slot[1]),
+                 DIAGNOSIS: int(label), "score": round(float(score), 5)}
+                for slot, box, label, score in zip(slots, boxes, labels, scores)]
+    return predict
+
+
+doc = json.loads((data / "train" / "annotations.json").read_text())
+names = {image["id"]: image["file_name"] for image in doc["images"]}
+ids = sorted(names)
+if sample:
+    ids = ids[:12]
+images = {i: grey(data / "train" / "images" / names[i]) for i in ids}
+annotations = [a for a in doc["annotations"] if a["image_id"] in images]
+cut = max(1, len(ids) * 2 // 3)
+model = fit({i: images[i] for i in ids[:cut]}, [a for a in annotations if a["image_id"] in ids[:cut]])
+held = {i: model(images[i]) for i in ids[cut:]}
+truth = defaultdict(list)
+for a in annotations:
+    if a["image_id"] in held:
+        truth[a["image_id"]].append(a)
+print("VALIDATION_METRIC:", round(ap50(held, truth), 4))
+model = fit(images, annotations)
+rows = list(csv.DictReader((data / "sample_submission" / "submission.csv").open()))
+(out / "predictions").mkdir(exist_ok=True)
+for row in rows:
+    found = model(grey(data / "test" / "images" / f"{row['image_id']}.png"))
+    (out / row["predictions_json"]).write_text(json.dumps(found))
+with (out / "submission.csv").open("w", newline="") as handle:
+    writer = csv.writer(handle)
+    writer.writerow(["image_id", "predictions_json"])
+    for row in rows:
+        writer.writerow([row["image_id"], row["predictions_json"]])
+'''
+
+SEGMENTATION = r'''# LEVEL {level}
+import os
+from pathlib import Path
+import numpy as np
+from scipy import ndimage
+from rexmle_baselines.convert import segmentation_io
+
+LEVEL = {level}
+TASK = "{task}"
+{paths}
+io = segmentation_io(TASK, TASK, data)  # reads the task's images and labels, writes its submission format
+classes = max(io.labels.values()) + 1
+rng = np.random.default_rng(0)
+
+
+def standardised(image):
+    axes = tuple(range(1, image.ndim))
+    low, high = np.percentile(image, [1, 99], axis=axes, keepdims=True)
+    return np.clip((image - low) / np.maximum(high - low, 1e-6), -0.5, 1.5)
+
+
+def dice(p, t):
+    """Mean Dice of the foreground classes in either map (one pass: the confusion matrix)."""
+    m = np.bincount(p.ravel().astype(np.int64) * classes + t.ravel(), minlength=classes * classes)
+    m = m.reshape(classes, classes)
+    both, total = np.diag(m)[1:], m.sum(axis=0)[1:] + m.sum(axis=1)[1:]
+    return float(np.mean(2.0 * both[total > 0] / total[total > 0])) if (total > 0).any() else 1.0
+
+
+def brightness(image):
+    return ndimage.gaussian_filter(standardised(image).mean(axis=0), 1)
+
+
+def features(image):
+    x = standardised(image)
+    scales = (0, 1, 2, 4) if LEVEL >= 3 else (0, 1, 2)
+    columns = [ndimage.gaussian_filter(channel, s) if s else channel for channel in x for s in scales]
+    if LEVEL >= 3:
+        columns += [ndimage.gaussian_gradient_magnitude(channel, 1) for channel in x]
+    columns += np.meshgrid(*[np.linspace(0, 1, n) for n in x.shape[1:]], indexing="ij", sparse=False)
+    return np.stack([c.ravel() for c in columns], 1).astype(np.float32)
+
+
+def train(cases):
+    counts = np.bincount(np.concatenate([t.ravel() for _, t in cases]), minlength=classes)
+    if LEVEL <= 1:
+        # one brightness rule: the brightest or darkest fraction of each image is foreground
+        fractions = (0.002, 0.005, 0.01, 0.03, 0.1, 0.2, 0.35, 0.5)
+        main = int(np.argmax(counts[1:])) + 1
+
+        def mask(b, rule, cut=None):
+            return rule[0] * b > (np.quantile(rule[0] * b, 1 - rule[1]) if cut is None else cut)
+
+        scores = {}
+        for image, t in cases:
+            b = brightness(image)
+            for sign in (1, -1):
+                for q, cut in zip(fractions, np.quantile(sign * b, [1 - f for f in fractions])):
+                    predicted = np.where(mask(b, (sign, q), cut), main, 0)
+                    scores[sign, q] = scores.get((sign, q), 0.0) + dice(predicted, t) / len(cases)
+        best = max(scores, key=scores.get)
+        if LEVEL == 0:
+            return lambda image: np.where(mask(brightness(image), best), main, 0).astype(np.uint8)
+        # level 1: each foreground voxel takes the class whose training voxels lie nearest on average (an atlas
+        # of class centroids in normalised coordinates)
+        centroids = np.zeros((classes, cases[0][1].ndim))
+        for c in range(1, classes):
+            found = [np.argwhere(t == c) / np.asarray(t.shape) for _, t in cases if (t == c).any()]
+            centroids[c] = np.concatenate(found).mean(axis=0) if found else np.inf
+
+        def predict(image):
+            m = mask(brightness(image), best)
+            where = np.argwhere(m) / np.asarray(m.shape)
+            out = np.zeros(m.shape, dtype=np.uint8)
+            near = ((where[:, None, :] - centroids[None, 1:, :]) ** 2).sum(-1)
+            out[m] = np.argmin(near, axis=1) + 1
+            return out
+        return predict
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    xs, ys = [], []
+    for image, t in cases:
+        x, y = features(image), t.ravel()
+        keep = [rng.choice(np.flatnonzero(y == c), min(3000, int((y == c).sum())), replace=False)
+                for c in range(classes) if (y == c).any()]
+        keep = np.concatenate(keep + [rng.choice(len(y), min(len(y), 6000), replace=False)])
+        xs.append(x[keep])
+        ys.append(y[keep])
+    model = HistGradientBoostingClassifier(max_iter=250 if LEVEL >= 3 else 120, random_state=0)
+    model.fit(np.concatenate(xs), np.concatenate(ys))
+
+    def predict(image):
+        x = features(image)
+        labels = np.concatenate([model.predict(x[i:i + 400000]) for i in range(0, len(x), 400000)])
+        return labels.reshape(image.shape[1:]).astype(np.uint8)
+    return predict
+
+
+training = io.training_cases()
+if sample:
+    training = training[:3]
+cases = [(io.read_image(case)[0], io.read_label(case)) for case in training]
+cut = max(1, len(cases) * 2 // 3)
+model = train(cases[:cut])
+print("VALIDATION_METRIC:", round(float(np.mean([dice(model(i), t) for i, t in cases[cut:]])), 4))
+model = train(cases)
+predictions = {case.case_id: model(io.read_image(case)[0]) for case in io.test_cases()}
+io.write_submission(predictions, out)
+'''
+
+# first-draft bugs, as (name, the right text, what the buggy script has instead)
 BUGS = {
     "ldct-iqa": [("column", 'r["image_id"] + ".tif"', 'r["label_id"] + ".tif"'),
                  ("suffix", '(i + ".tif")', '(i + ".tiff")'),
@@ -254,14 +604,34 @@ BUGS = {
                 ("folder", 'out / row["predicted_mask_path"]', 'Path(row["predicted_mask_path"])'),
                 ("column", 'load("test", row["case_id"])', 'load("test", row["id"])')],
 }
+BUGS["usenhance"] = [("suffix", '/ f"{i}.png"), read(', '/ f"{i}.jpg"), read('),
+                     ("folder", 'image.save(out / row["enhanced_image_path"])',
+                      'image.save(row["enhanced_image_path"])'),
+                     ("column", "row['image_id']", "row['case_id']")]
+BUGS["dentex"] = [("suffix", 'f"{row[\'image_id\']}.png"', 'f"{row[\'image_id\']}.jpg"'),
+                  ("folder", '(out / row["predictions_json"]).write_text',
+                   '(Path(row["predictions_json"])).write_text'),
+                  ("key", 'names = {image["id"]: image["file_name"]', 'names = {image["id"]: image["path"]')]
+SEGMENTATION_BUGS = [("folder", "io.write_submission(predictions, out)",
+                      'io.write_submission(predictions, Path("submission"))'),
+                     ("data", "segmentation_io(TASK, TASK, data)", 'segmentation_io(TASK, TASK, data / "train")'),
+                     ("split", "for case in io.test_cases()}", "for case in io.training_cases()}")]
 _LEVEL = re.compile(r"# LEVEL (\d)(?: BUG (\w+))?")
 _METRIC = re.compile(r"VALIDATION_METRIC:\s*(-?[0-9.]+(?:e-?\d+)?)")
 
 
+def bugs_of(task: str) -> list[tuple[str, str, str]]:
+    return BUGS.get(task, SEGMENTATION_BUGS)
+
+
 def script(task: str, level: int, bug: str | None = None) -> str:
-    text = (LDCT if task == "ldct-iqa" else ISLES).replace("{level}", str(level))
+    """The realistic-style model's script for ``task`` at method ``level`` (0-3), with first-draft ``bug``."""
+    template = {"ldct-iqa": LDCT, "isles22": ISLES, "usenhance": USENHANCE, "dentex": DENTEX}.get(task,
+                                                                                                  SEGMENTATION)
+    text = template.replace("{level}", str(level)).replace("{task}", task).replace("{paths}\n", PATHS)
     if bug is not None:
-        _, right, wrong = next(b for b in BUGS[task] if b[0] == bug)
+        _, right, wrong = next(b for b in bugs_of(task) if b[0] == bug)
+        assert right in text, (task, bug)
         text = text.replace(right, wrong, 1).replace(f"# LEVEL {level}", f"# LEVEL {level} BUG {bug}", 1)
     return text
 
@@ -290,7 +660,7 @@ class RealisticStyleModel:
             with self.lock:
                 number = self.drafts
                 self.drafts += 1
-            bugs = [b[0] for b in BUGS[self.task]]
+            bugs = [b[0] for b in bugs_of(self.task)]
             bug = bugs[(number // 2) % len(bugs)] if number % 2 == 0 else None  # every other draft has a bug
             return _answer("A simple first method.", script(self.task, 0, bug))
         if heading.startswith(("# Your job: fix", "# Your job: revise")):
@@ -306,7 +676,7 @@ class RealisticStyleModel:
             if level == 2:
                 with self.lock:
                     self.improvements_to_level2 += 1
-                    bug = BUGS[self.task][0][0] if self.improvements_to_level2 == 1 else None
+                    bug = bugs_of(self.task)[0][0] if self.improvements_to_level2 == 1 else None
             return _answer(f"Move to method level {level}.", script(self.task, level, bug))
         if heading.startswith("# Review one execution"):
             execution = prompt.split("## Execution", 1)[1].split("##", 1)[0]
@@ -315,7 +685,7 @@ class RealisticStyleModel:
             ok = "exit status 0" in execution and "valid" in validation and "invalid" not in validation
             metric = float(found.group(1)) if found else None
             return _tool(call, "submit_review", {"is_bug": not ok or metric is None, "metric": metric,
-                                                 "metric_name": PRIMARY[self.task], "is_task_metric": True,
+                                                 "metric_name": primary(self.task), "is_task_metric": True,
                                                  "summary": "read from the output"})
         if heading.startswith("# Your job: propose the next hypothesis"):
             return _tool(call, "propose_hypothesis", {"hypothesis": "a stronger method", "rationale": "the log"})
@@ -352,9 +722,16 @@ def _tool(call_id: str, name: str, arguments: dict[str, Any]) -> ModelResponse:
 # ---- the benchmark ------------------------------------------------------------------------------------------------
 
 
+def primary(task: str) -> str:
+    """The task's validation metric: what scripts print, reviews report and the tables show."""
+    from rexmle_grade.grader import get_grader
+
+    return get_grader(get_task(task).meta.grader).validation_metric.name
+
+
 def grade(task: str, root: Path, submission: Path) -> dict[str, Any]:
     entry = evaluate_submission(resolve_target(task, root), submission)
-    return {"valid": entry.valid_submission, "score": entry.metrics.get(PRIMARY[task]),
+    return {"valid": entry.valid_submission, "score": entry.metrics.get(primary(task)),
             "percentile": entry.percentile}
 
 
@@ -389,7 +766,7 @@ def run_preset(task: str, root: Path, runs: Path, preset: str, nodes: int, exec_
     code = (outcome.run_dir / "final" / "best_solution.py")
     level = _LEVEL.search(code.read_text()).group(1) if code.is_file() else "-"
     return {"valid": bool(entry and entry.valid_submission),
-            "score": entry.metrics.get(PRIMARY[task]) if entry else None,
+            "score": entry.metrics.get(primary(task)) if entry else None,
             "percentile": entry.percentile if entry else None, "seconds": time.monotonic() - started,
             "level": level, "chosen_by": final.get("chosen_by", "")}
 
@@ -451,6 +828,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ladder-difficulties", default="realistic")
     parser.add_argument("--no-scaffolds", action="store_true", help="measure the ladders only")
     args = parser.parse_args(argv)
+    if not args.no_scaffolds:
+        from rexmle_baselines.convert import segmentation_grader_ids
+
+        scripted = {"ldct-iqa", "isles22", "usenhance", "dentex", *segmentation_grader_ids()}
+        unscripted = [t for t in args.tasks.split(",") if t not in scripted]
+        if unscripted:
+            parser.error(f"no scripts for {', '.join(unscripted)}: --tasks takes {', '.join(sorted(scripted))}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.getLogger("rexmle_agents.models.base").setLevel(logging.ERROR)  # "scripted/model has no price"
     with tempfile.TemporaryDirectory(prefix="rexmle-bench-synthetic-") as tmp:
@@ -458,8 +842,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for task in ([] if args.no_scaffolds else args.tasks.split(",")):
             for difficulty in args.difficulties.split(","):
-                root = base / f"data-{difficulty}"
-                prepare_task(get_task(task), task_dirs(get_task(task), root), synthetic=True, cases=CASES[task],
+                root = base / f"ladder-data-{difficulty}"  # the ladder's mirror: the control sits in its row
+                prepare_task(get_task(task), task_dirs(get_task(task), root), synthetic=True, cases=CASES.get(task),
                              seed=0, difficulty=difficulty)
                 public = task_dirs(get_task(task), root).public
                 sample = grade(task, root, public / "sample_submission")
@@ -470,20 +854,25 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{task} {difficulty}: quick baseline {baseline_name} {fmt(baseline['score'])} "
                           f"({seconds:.0f} s)", flush=True)
                 for preset in args.presets.split(","):
-                    result = run_preset(task, root, base / f"runs-{difficulty}", preset, args.nodes, args.exec_timeout)
+                    record = base / f"scaffold-{task}-{difficulty}-{preset}-{args.nodes}.json"
+                    if record.is_file():  # measured by an earlier invocation with --keep
+                        result = json.loads(record.read_text())
+                    else:
+                        result = run_preset(task, root, base / f"runs-{difficulty}", preset, args.nodes,
+                                            args.exec_timeout)
+                        record.write_text(json.dumps(result, indent=1))
                     rows.append((task, difficulty, preset, result, sample, baseline, baseline_name))
                     print(f"{task} {difficulty} {preset}: {fmt(result['score'])} (level {result['level']}, "
                           f"{result['seconds']:.0f} s)", flush=True)
-        metric = {t: PRIMARY[t] for t in PRIMARY}
         if rows:
-            print(f"\n| task | difficulty | preset | final {'/'.join(metric[t] for t in args.tasks.split(','))} | "
-                  "level | vs sample | vs quick baseline | percentile |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("\n| task | difficulty | preset | metric | final | level | vs sample | vs quick baseline | "
+                  "percentile |")
+            print("|---|---|---|---|---|---|---|---|---|")
         for task, difficulty, preset, result, sample, baseline, baseline_name in rows:
             score = result["score"]
             vs_sample = None if score is None or sample["score"] is None else score - sample["score"]
             vs_base = None if score is None or baseline["score"] is None else score - baseline["score"]
-            print(f"| {task} | {difficulty} | {preset} | {fmt(score)} | {result['level']} | "
+            print(f"| {task} | {difficulty} | {preset} | {primary(task)} | {fmt(score)} | {result['level']} | "
                   f"{fmt(vs_sample, 3):>6} (sample {fmt(sample['score'])}) | "
                   f"{fmt(vs_base, 3)} ({baseline_name} {fmt(baseline['score'])}) | {fmt(result['percentile'], 2)} |")
         controls = {(task, difficulty): result["score"] for task, difficulty, preset, result, *_ in rows

@@ -65,12 +65,31 @@ def test_topcow_box_from_gold_labels_overlaps_the_true_roi(prepared, tmp_path: P
     assert result.metrics["iou"] > 0.5  # the central-box sample submission scores about 0.1 here
 
 
-def test_topcow_box_follows_the_predicted_vessels_centroid_at_the_training_rois_median_size(prepared,
-                                                                                          tmp_path: Path) -> None:
-    """Moving the predicted vessels by a few voxels moves the box by as many; the box keeps the training ROIs'
-    median size; and its centre is the vessels' centroid plus the training offset, computed here by hand."""
+def test_junction_box_surrounds_the_faces_where_cow_segments_meet() -> None:
+    from rexmle_baselines.convert import junction_box
+
+    labels = np.zeros((12, 12, 12), dtype=np.uint8)  # (z, y, x), TopCoW values
+    labels[2:5, 3:5, 3:5] = 4  # R-ICA, top face at z 4.5 over y 3-4, x 3-4
+    labels[5:7, 3:5, 3:5] = 5  # R-MCA on top of it: the ICA terminus
+    labels[8, 8, 6:9] = 10  # Acom along x 6-8
+    labels[8, 8, 9:11] = 11  # R-ACA meets it at the face x 8.5
+    labels[8, 2, 2:4] = 7  # L-MCA
+    labels[8, 2, 4] = 12  # L-ACA touching it: not a pair of the list (the L-ICA is missing), ignored
+    low, high = junction_box(labels)
+    # the junctions' centres, (x, y, z): ICA/MCA (3.5, 3.5, 4.5), Acom/ACA (8.5, 8, 8)
+    assert low.tolist() == [3.5, 3.5, 4.5] and high.tolist() == [8.5, 8.0, 8.0]
+    labels[labels == 10] = 0  # one junction left: no box
+    assert junction_box(labels) is None
+
+
+def test_topcow_box_is_the_mean_of_the_centroid_and_junction_boxes_and_follows_the_vessels(prepared,
+                                                                                             tmp_path: Path) -> None:
+    """The box is the mean of the training ROIs' median box at the vessels' centroid plus the training offset and
+    the junction box grown by the training margins, both computed here by hand; moving the predicted vessels by a
+    few voxels moves the box by as many."""
     import json
 
+    from rexmle_baselines.convert import junction_box
     from rexmle_grade.metrics.boxes import parse_roi_txt
 
     task_id = "topcow-track1-task2"
@@ -82,26 +101,34 @@ def test_topcow_box_follows_the_predicted_vessels_centroid_at_the_training_rois_
     io.write_submission(gold, tmp_path / "gold")
     io.write_submission(moved, tmp_path / "moved")
 
-    offsets, sizes = [], []
+    offsets, sizes, lower, upper = [], [], [], []
     for case in io.training_cases():
         roi = parse_roi_txt((public / "train" / "roi" / f"{case.case_id}.txt").read_text())
+        low, high = np.asarray(roi.location), np.asarray(roi.location) + np.asarray(roi.size) - 1
         where = np.nonzero(io.read_label(case))
         centroid = np.array([where[2].mean(), where[1].mean(), where[0].mean()])  # (x, y, z)
-        offsets.append(np.asarray(roi.location) + (np.asarray(roi.size) - 1) / 2 - centroid)
+        offsets.append((low + high) / 2 - centroid)
         sizes.append(roi.size)
+        junctions = junction_box(io.task_values[io.read_label(case)])
+        lower.append(junctions[0] - low)
+        upper.append(high - junctions[1])
     size = np.round(np.median(sizes, axis=0)).astype(int)
     for case in io.test_cases():
         name = io.column.path_for(case.case_id)
         box, box_moved = (json.loads((tmp_path / which / name).read_text()) for which in ("gold", "moved"))
-        assert box["size"] == box_moved["size"] == size.tolist()
         image_size = np.asarray(io.test_geometry(case).size)
         where = np.nonzero(gold[case.case_id])
         centre = np.array([where[2].mean(), where[1].mean(), where[0].mean()]) + np.median(offsets, axis=0)
-        expected = np.clip(np.round(centre - (size - 1) / 2).astype(int), 0, image_size - size)
-        assert box["location"] == expected.tolist()
-        unclipped = (expected > 2) & (expected + size < image_size - 3)
+        junctions = junction_box(io.task_values[gold[case.case_id]])
+        low = np.floor((centre - (size - 1) / 2 + junctions[0] - np.median(lower, axis=0)) / 2 + 0.5).astype(int)
+        high = np.floor((centre + (size - 1) / 2 + junctions[1] + np.median(upper, axis=0)) / 2 + 0.5).astype(int)
+        low = np.clip(low, 0, image_size - 1)
+        high = np.clip(high, low, image_size - 1)
+        assert box["location"] == low.tolist() and box["size"] == (high - low + 1).tolist()
+        inside = (low > 3) & (high < image_size - 4)
         step = np.array(box_moved["location"]) - np.array(box["location"])
-        assert (step[unclipped] == np.array(shift[::-1])[unclipped]).all(), (step, shift)
+        assert (step[inside] == np.array(shift[::-1])[inside]).all(), (step, shift)
+        assert (np.array(box_moved["size"]) == box["size"])[inside].all()
 
 
 def test_topcow_box_from_stray_voxels_falls_back_on_the_training_rois(prepared, tmp_path: Path) -> None:

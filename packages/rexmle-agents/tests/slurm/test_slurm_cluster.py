@@ -54,6 +54,19 @@ def joined(thread: threading.Thread, result: dict[str, Any], timeout_s: float) -
     return result["value"]
 
 
+def lock_held(run_dir: Path) -> bool:
+    """Whether a process holds the run's lock right now, read from /proc/locks: taking the lock to find out would
+    make a job that starts at that instant fail to take it."""
+    from rexmle_agents.harness.paths import RunPaths
+
+    lock = RunPaths(run_dir).lock
+    if not lock.is_file():
+        return False
+    inode = lock.stat().st_ino
+    return any(line.split()[5].endswith(f":{inode}") for line in Path("/proc/locks").read_text().splitlines()
+               if "FLOCK" in line and len(line.split()) > 5)
+
+
 def only_run(group_dir: Path) -> Path:
     folders = [p.parent for p in group_dir.glob("*/spec.json")]
     assert len(folders) == 1, folders
@@ -121,6 +134,12 @@ def test_no_wait_submits_and_the_same_command_later_waits_for_the_jobs_without_s
     assert {last_job(p.parent)["state"] for p in group.glob("*/spec.json")} <= {"PENDING", "RUNNING"}
     assert rexmle("runs", "status", "--runs-dir", str(runs_dir), "--group", "later") == 0
     assert "SLURM job" in capsys.readouterr().out
+    # a job that is running holds its run's lock: the command must wait for that job, not refuse the run as "being
+    # run by another process" (it did whenever the second command came while a job ran)
+    deadline = time.monotonic() + 60
+    while not any(lock_held(p.parent) for p in group.glob("*/spec.json")):
+        assert time.monotonic() < deadline, "no job started running within 60 s"
+        time.sleep(0.05)
     assert rexmle(*args) == 0  # waits for the jobs already queued or running
     assert len(list(group.glob(".slurm/*/job.sh"))) == 1
     for folder in (p.parent for p in group.glob("*/spec.json")):

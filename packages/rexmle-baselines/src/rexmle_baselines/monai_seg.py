@@ -518,10 +518,8 @@ class MonaiSegmentation(Baseline):
                                                            sw_batch_size=int(params["sw_batch_size"]),
                                                            predictor=model, overlap=float(params["overlap"]),
                                                            mode="gaussian")
-            if factors is None:
-                labels = logits[0].argmax(dim=0).cpu().numpy().astype(np.uint8)
-            else:
-                labels = labels_on_grid(torch.softmax(logits[0].float(), dim=0), shape)
+            # on the image's own grid (no factors) this is the argmax of the scores
+            labels = labels_on_grid(torch.softmax(logits[0].float(), dim=0), shape)
             if keep_largest is not None:
                 labels = keep_largest(torch.from_numpy(labels[None]))[0].cpu().numpy().astype(np.uint8)
             predictions[case.case_id] = labels

@@ -430,6 +430,12 @@ def test_edge_task_gold_sample_and_balanced_accuracy(edge_task, tmp_path: Path, 
     sample = tmp_path / "sample"
     grader.write_sample_submission(public, sample)
     assert validate_submission(grader, sample, public).ok
+    # the sample has no edge, a variant nobody has: 0 on both, though every posterior edge (D below) is a variant
+    # here and would have scored 1/2
+    assert grade_submission(grader, sample, public, private).metrics == {"anterior_acc": 0.0, "posterior_acc": 0.0}
+    assert json.loads(next((sample / "predictions").iterdir()).read_text()) == {
+        "anterior": {"L-A1": 0, "Acom": 0, "3rd-A2": 0, "R-A1": 0},
+        "posterior": {"L-Pcom": 0, "L-P1": 0, "R-P1": 0, "R-Pcom": 0}}
     # anterior truth: [A, A, B] with A = 1_1_0_1, B = 1_0_0_1; predictions A, B, B -> (1/2 + 1) / 2
     # posterior truth: [C, D, D] with C = 0_1_1_1, D = 1_1_1_1; predictions D, D, D -> (0 + 1) / 2
     predictions = {"topcow_ct_001": edges((1, 1, 0, 1), (1, 1, 1, 1)),

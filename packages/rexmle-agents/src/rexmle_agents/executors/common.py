@@ -47,7 +47,8 @@ def run_specs(specs: Sequence[RunSpec], runs_dir: Path, *, executor: str = "loca
     """Run every spec (finished runs are only re-read; unfinished ones resume), in the order given. ``run_dirs``:
     run id -> its folder, for runs given by path (``--resume PATH``) rather than found under ``runs_dir``.
 
-    A run another process is running (its lock is held) is refused before anything starts (RunLockedError)."""
+    A run another process is running (its lock is held) is refused before anything starts (RunLockedError), except
+    under ``slurm`` a run whose own SLURM job holds it: that job is waited for (never submitted twice)."""
     if executor not in EXECUTORS:
         raise UnknownNameError("executor", executor, EXECUTORS)
     run_dirs = dict(run_dirs or {})
@@ -55,7 +56,13 @@ def run_specs(specs: Sequence[RunSpec], runs_dir: Path, *, executor: str = "loca
     todo: list[RunSpec] = []
     for spec in specs:
         folder = run_dirs.get(spec.run_id) or run_paths(spec, runs_dir).run_dir
-        check_not_locked(RunPaths(folder))
+        try:
+            check_not_locked(RunPaths(folder))
+        except RunLockedError:
+            from rexmle_agents.executors.slurm_accounting import held_by_live_job
+
+            if executor != "slurm" or not held_by_live_job(folder):
+                raise
         done = finished_outcome(spec, runs_dir, run_dir=folder)
         if done is None:
             todo.append(spec)

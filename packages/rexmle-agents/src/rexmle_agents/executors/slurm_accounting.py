@@ -24,14 +24,13 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rexmle_agents.harness.journal import Journal
 from rexmle_agents.harness.paths import RunPaths
-from rexmle_agents.harness.runner import TERMINAL_STATES, read_status, write_json_atomic
+from rexmle_agents.harness.runner import TERMINAL_STATES, flock_within, read_status, write_json_atomic
 from rexmle_agents.results.records import ClusterRecord, RunStatus, SlurmJobRecord
 from rexmle_grade.errors import ConfigurationError
 
@@ -330,6 +329,18 @@ def queued_jobs(job_ids: Iterable[str]) -> dict[str, SlurmJobRecord]:
     return found
 
 
+def held_by_live_job(run_dir: Path) -> bool:
+    """Whether the run's last recorded SLURM job is still queued or running (so that job, not another `rexmle run`,
+    holds the run's lock)."""
+    record = read_cluster(Path(run_dir))
+    if record is None or record.last is None or record.last.state not in (*LIVE_STATES, None):
+        return False
+    try:
+        return record.last.job_id in queued_jobs([record.last.job_id])
+    except SlurmCommandError:
+        return False
+
+
 def ended_jobs(job_ids: Iterable[str]) -> dict[str, SlurmJobRecord]:
     """The final records of jobs that left the queue: accounting where kept, else the controller's while it still
     knows them (``MinJobAge`` after their end); a job neither knows is missing from the result."""
@@ -435,16 +446,9 @@ def run_lock_or_none(paths: RunPaths, wait_s: float = 5.0) -> Iterator[bool]:
     live harness runs the run, and then nothing of the run may be written but ``cluster.json``."""
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     with paths.lock.open("a+") as handle:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.1)
+        if not flock_within(handle, wait_s, pause_s=0.1):
+            yield False
+            return
         try:
             yield True
         finally:

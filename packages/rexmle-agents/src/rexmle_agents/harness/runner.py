@@ -250,17 +250,34 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+LOCK_PROBE_GRACE_S = 0.5
+
+
+def flock_within(handle: Any, wait_s: float, *, pause_s: float) -> bool:
+    """Take an exclusive flock on the open file ``handle``, trying every ``pause_s`` for up to ``wait_s``; whether it
+    was taken."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause_s)
+
+
 @contextlib.contextmanager
 def run_lock(paths: RunPaths) -> Iterator[None]:
     """One harness per run folder at a time (two executors, or a requeued job beside a live one)."""
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     handle = paths.lock.open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    # a lock held for a moment is a probe (`rexmle run` and `runs status` take it to see whether the run is live):
+    # wait that out; a harness running the run holds it far longer
+    if not flock_within(handle, LOCK_PROBE_GRACE_S, pause_s=0.02):
         handle.close()
         raise RunLockedError(f"run {paths.run_dir} is being run by another process",
-                             hint="wait for it, or stop it first (see `rexmle runs status`)") from None
+                             hint="wait for it, or stop it first (see `rexmle runs status`)")
     try:
         yield
     finally:

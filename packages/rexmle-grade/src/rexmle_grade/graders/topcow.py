@@ -457,8 +457,12 @@ class TopCowEdgeGrader(Grader):
         _write_json_submission(self, self.edges, private_dir, public_dir, dest, edges_of)
 
     def write_sample_submission(self, public_dir: Path, dest: Path) -> None:
-        every_edge = {region: dict.fromkeys(keys, 1) for region, keys in EDGE_KEYS.items()}
-        rows = [_write_json_file(self, self.edges, dest, case_id, every_edge)
+        # no edge at all: a circle no patient has (without both A1s and both P1s the ACAs and PCAs would have no
+        # supply), so it scores 0 on every test set, the floor that an agent leaving no submission is graded on.
+        # (Version 1.0.0's sample, every edge present, is itself a variant: balanced accuracy gave it 1/k whenever
+        # a patient with a third A2 was tested, and 1/k of the posterior score almost always.)
+        no_edge = {region: dict.fromkeys(keys, 0) for region, keys in EDGE_KEYS.items()}
+        rows = [_write_json_file(self, self.edges, dest, case_id, no_edge)
                 for case_id in TestManifest.read(public_dir).ids]
         write_submission_csv(dest, self.schema, rows)
 
