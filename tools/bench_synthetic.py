@@ -768,7 +768,7 @@ def run_preset(task: str, root: Path, runs: Path, preset: str, nodes: int, exec_
     return {"valid": bool(entry and entry.valid_submission),
             "score": entry.metrics.get(primary(task)) if entry else None,
             "percentile": entry.percentile if entry else None, "seconds": time.monotonic() - started,
-            "level": level, "chosen_by": final.get("chosen_by", "")}
+            "level": level, "chosen_by": final.get("chosen_by", ""), "state": outcome.state}
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -860,7 +860,8 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         result = run_preset(task, root, base / f"runs-{difficulty}", preset, args.nodes,
                                             args.exec_timeout)
-                        record.write_text(json.dumps(result, indent=1))
+                        if result["state"] != "cancelled":  # an interrupted bench measures nothing: run it again
+                            record.write_text(json.dumps(result, indent=1))
                     rows.append((task, difficulty, preset, result, sample, baseline, baseline_name))
                     print(f"{task} {difficulty} {preset}: {fmt(result['score'])} (level {result['level']}, "
                           f"{result['seconds']:.0f} s)", flush=True)
