@@ -78,6 +78,12 @@ PRESETS = {  # agent, config: every preset at its own defaults, the control with
 }
 
 # ---- the scripts the realistic-style model writes ------------------------------------------------------------------
+# the submission.csv of every script that predicts the sample submission's rows: those rows, as they are
+WRITE_ROWS = '''with (out / "submission.csv").open("w", newline="") as handle:
+    writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+'''
 # where every script reads, writes, and whether it is the harness's quick sample run
 PATHS = '''data = Path("../data")
 out = Path(os.environ["SUBMISSION_DIR"])
@@ -253,11 +259,7 @@ for row in rows:
     mask = sitk.GetImageFromArray(model(d, a).astype(np.uint8))
     mask.CopyInformation(image)
     sitk.WriteImage(mask, str(out / row["predicted_mask_path"]), useCompression=True)
-with (out / "submission.csv").open("w", newline="") as handle:
-    writer = csv.writer(handle)
-    writer.writerow(["case_id", "predicted_mask_path"])
-    for row in rows:
-        writer.writerow([row["case_id"], row["predicted_mask_path"]])
+{write_rows}
 '''
 
 USENHANCE = r'''# LEVEL {level}
@@ -332,11 +334,7 @@ for row in rows:
     enhanced = model(read(data / "test" / "low_quality" / f"{row['image_id']}.png"))
     image = Image.fromarray((np.clip(enhanced, 0, 1) * 255).round().astype(np.uint8), mode="L")
     image.save(out / row["enhanced_image_path"])
-with (out / "submission.csv").open("w", newline="") as handle:
-    writer = csv.writer(handle)
-    writer.writerow(["image_id", "enhanced_image_path"])
-    for row in rows:
-        writer.writerow([row["image_id"], row["enhanced_image_path"]])
+{write_rows}
 '''
 
 DENTEX = r'''# LEVEL {level}
@@ -479,11 +477,7 @@ rows = list(csv.DictReader((data / "sample_submission" / "submission.csv").open(
 for row in rows:
     found = model(grey(data / "test" / "images" / f"{row['image_id']}.png"))
     (out / row["predictions_json"]).write_text(json.dumps(found))
-with (out / "submission.csv").open("w", newline="") as handle:
-    writer = csv.writer(handle)
-    writer.writerow(["image_id", "predictions_json"])
-    for row in rows:
-        writer.writerow([row["image_id"], row["predictions_json"]])
+{write_rows}
 '''
 
 SEGMENTATION = r'''# LEVEL {level}
@@ -628,7 +622,8 @@ def script(task: str, level: int, bug: str | None = None) -> str:
     """The realistic-style model's script for ``task`` at method ``level`` (0-3), with first-draft ``bug``."""
     template = {"ldct-iqa": LDCT, "isles22": ISLES, "usenhance": USENHANCE, "dentex": DENTEX}.get(task,
                                                                                                   SEGMENTATION)
-    text = template.replace("{level}", str(level)).replace("{task}", task).replace("{paths}\n", PATHS)
+    text = template.replace("{level}", str(level)).replace("{task}", task)
+    text = text.replace("{paths}\n", PATHS).replace("{write_rows}\n", WRITE_ROWS)
     if bug is not None:
         _, right, wrong = next(b for b in bugs_of(task) if b[0] == bug)
         assert right in text, (task, bug)

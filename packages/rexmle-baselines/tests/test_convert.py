@@ -148,6 +148,23 @@ def test_topcow_box_from_stray_voxels_falls_back_on_the_training_rois(prepared, 
         assert grade_submission(grader, tmp_path / name, public, private).metrics["iou"] > max(0.5, sample)
 
 
+def test_the_topcow_fallback_box_keeps_its_size_at_the_image_edge(prepared, tmp_path: Path) -> None:
+    """The fallback (nothing predicted) is the training ROIs' median box: where it would leave the image it is moved
+    inside, never cut."""
+    import json
+
+    task_id = "topcow-track1-task2"
+    public = prepared.public(task_id, cases=4)
+    io = segmentation_io(task_id, task_id, public)
+    io._offset, io._roi_size, io._roi_centre, io._margins = io.training_boxes()
+    io._roi_centre = np.array([0.0, 0.0, 0.0])  # the median ROI centred on the image's corner
+    case = io.test_cases()[0]
+    size = np.asarray(io.test_geometry(case).size)
+    io.write_prediction(case, np.zeros(io.test_geometry(case).numpy_shape, dtype=np.uint8), tmp_path / "box.json")
+    box = json.loads((tmp_path / "box.json").read_text())
+    assert box == {"size": np.clip(io._roi_size, 1, size).tolist(), "location": [0, 0, 0]}
+
+
 def test_instances_split_touching_cells_at_their_boundary() -> None:
     semantic = np.zeros((12, 20), dtype=np.uint8)
     semantic[2:10, 2:18] = 2  # two cells sharing a boundary column

@@ -279,7 +279,7 @@ class TopCowBoxIO(VolumeIO):
             low = np.asarray(roi.location)
             high = low + np.asarray(roi.size) - 1
             centres.append(((low + high) / 2 + 0.5) / np.asarray(self.test_geometry(case).size))
-            labels = self.task_label_map(case, self.read_label(case))
+            labels = self.task_values[self.read_label(case)]  # read_label validated them
             centroid = label_centroid(labels)
             if centroid is not None:
                 offsets.append((low + high) / 2 - centroid)
@@ -318,14 +318,15 @@ class TopCowBoxIO(VolumeIO):
             else:
                 centre = label_centroid(labels) + self._offset  # type: ignore[operator]
                 junctions = junction_box(labels) if self._margins is not None else None
-            low, high = centre - (extent - 1) / 2, centre + (extent - 1) / 2
-            if junctions is not None:  # the mean of the centroid box and the junction box
-                low = (low + junctions[0] - self._margins[0]) / 2  # type: ignore[index]
-                high = (high + junctions[1] + self._margins[1]) / 2  # type: ignore[index]
             # halves round up (not to even), so that a box moves exactly as far as the vessels do
-            low = np.clip(np.floor(low + 0.5).astype(np.int64), 0, size - 1)
-            high = np.clip(np.floor(high + 0.5).astype(np.int64), low, size - 1)
-            location, extent = low, high - low + 1
+            low = centre - (extent - 1) / 2
+            if junctions is None:  # the median box, moved inside the image where it would leave it
+                location = np.clip(np.floor(low + 0.5).astype(np.int64), 0, size - extent)
+            else:  # the mean of the centroid box and the junction box, cut at the image's edges
+                high = (centre + (extent - 1) / 2 + junctions[1] + self._margins[1]) / 2  # type: ignore[index]
+                low = (low + junctions[0] - self._margins[0]) / 2  # type: ignore[index]
+                location = np.clip(np.floor(low + 0.5).astype(np.int64), 0, size - 1)
+                extent = np.clip(np.floor(high + 0.5).astype(np.int64), location, size - 1) - location + 1
         target.write_text(json.dumps({"size": [int(v) for v in extent], "location": [int(v) for v in location]})
                           + "\n")
 

@@ -518,8 +518,9 @@ class MonaiSegmentation(Baseline):
                                                            sw_batch_size=int(params["sw_batch_size"]),
                                                            predictor=model, overlap=float(params["overlap"]),
                                                            mode="gaussian")
-            # on the image's own grid (no factors) this is the argmax of the scores
-            labels = labels_on_grid(torch.softmax(logits[0].float(), dim=0), shape)
+            # probabilities only where they are interpolated: on the image's own grid the logits' argmax is the same
+            scores = logits[0] if factors is None else torch.softmax(logits[0].float(), dim=0)
+            labels = labels_on_grid(scores, shape)
             if keep_largest is not None:
                 labels = keep_largest(torch.from_numpy(labels[None]))[0].cpu().numpy().astype(np.uint8)
             predictions[case.case_id] = labels
